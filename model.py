@@ -1,0 +1,651 @@
+"""
+One GPT with latent token-to-token recurrence, in one file.
+
+The backbone is a Llama-style decoder (RMSNorm, RoPE, grouped-query attention,
+SwiGLU, no biases). On top of it, a constant-size recurrent state carries the
+hidden state of token t-1 at a *source* layer (rec_end) into an earlier layer of
+token t. Two fusion styles (see ../shared/DESIGN.md sections 3 and 4):
+
+  't2mlr'  T2MLR (Cai et al. 2026): a gated fusion Phi(h, R) at the input of
+           block rec_start; state R_t read at the output of block rec_end.
+  'lrt'    Latent Recurrent Transformer (Huang et al. 2026): memory
+           m_t = rmsnorm(h^(rec_end)_t) injected into every block >= rec_start,
+           into the residual stream and into each token's own key/value.
+
+Vocabulary used in comments: layers are 0-based, h^(l)_t is the residual stream
+at the OUTPUT of block l for token t. The layers split into three segments:
+
+  below  = blocks 0 .. s-1        never read the state: always run in parallel
+  span   = blocks s .. e          read the state and produce the next one
+  above  = blocks e+1 .. L-1      read the state (LRT) or not (T2MLR), but never
+                                  feed it: run in parallel once states are known
+
+Every way of running the model (exact sequential forward, Jacobi, interleaved
+subsets, prefill, one-token decode) is built from one primitive:
+run_blocks(x, a, b, pos, state_in, cache) = "run blocks a..b at positions pos,
+with this incoming state, writing into / attending over these cached keys".
+"""
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# -----------------------------------------------------------------------------
+# config
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024      # max sequence length (RoPE table and KV cache size)
+    vocab_size: int = 50304
+    n_layer: int = 12
+    n_head: int = 12
+    n_kv_head: int = 12         # < n_head: grouped-query attention
+    n_embd: int = 768
+    mlp_hidden: int = 0         # SwiGLU hidden width; 0 = 8/3 * n_embd rounded up to 64
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    dropout: float = 0.0
+    tie_embeddings: bool = True
+    # --- recurrence
+    recurrence: str = 'none'    # 'none' | 't2mlr' | 'lrt'
+    rec_start: int = 0          # s: first block that reads the state
+    rec_end: int = -1           # e: block whose output is the source of the state; -1 = last
+    reset_token: Optional[int] = None  # token id that starts a document: state reset to 0 there
+    # T2MLR options (DESIGN.md section 3)
+    rec_residual: bool = True   # m_t = h^(e)_t + R_{t-1} (else m_t = h^(e)_t)
+    rec_proj: bool = True       # r = W_rec R (else r = R)
+    rec_gate_gain: float = 1.0  # xavier gain of f_cur/f_rec (1e-2 for fine-tuning)
+    # LRT options (DESIGN.md section 4)
+    lrt_inject: str = 'both'    # 'kv' | 'residual' | 'both'
+    lrt_shared: bool = True     # one W_fb_k/W_fb_v pair for all layers (else one per layer)
+    lrt_identity_init: bool = False  # gamma=0, W_fb=0: starts equal to the plain GPT
+
+    def __post_init__(self):
+        if self.mlp_hidden == 0:
+            self.mlp_hidden = 64 * math.ceil(8 * self.n_embd / 3 / 64)
+        if self.rec_end == -1:
+            self.rec_end = self.n_layer - 1
+        self.validate()
+
+    def validate(self):
+        def bad(msg):
+            raise ValueError(f"GPTConfig: {msg}")
+        for k in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_kv_head', 'n_embd', 'mlp_hidden'):
+            if getattr(self, k) < 1:
+                bad(f"{k}={getattr(self, k)} must be >= 1")
+        if self.n_embd % self.n_head:
+            bad(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
+        if self.n_head % self.n_kv_head:
+            bad(f"n_head={self.n_head} is not divisible by n_kv_head={self.n_kv_head}")
+        if (self.n_embd // self.n_head) % 2:
+            bad(f"head dim {self.n_embd // self.n_head} must be even for RoPE")
+        if not 0.0 <= self.dropout < 1.0:
+            bad(f"dropout={self.dropout} must be in [0, 1)")
+        if self.recurrence not in ('none', 't2mlr', 'lrt'):
+            bad(f"unknown recurrence {self.recurrence!r}; expected 'none', 't2mlr' or 'lrt'")
+        if self.lrt_inject not in ('kv', 'residual', 'both'):
+            bad(f"unknown lrt_inject {self.lrt_inject!r}; expected 'kv', 'residual' or 'both'")
+        if self.recurrence != 'none':
+            L, s, e = self.n_layer, self.rec_start, self.rec_end
+            if not 0 <= s < L:
+                bad(f"rec_start={s} is out of range for n_layer={L} (layers are 0..{L-1})")
+            if not 0 <= e < L:
+                bad(f"rec_end={e} is out of range for n_layer={L} (layers are 0..{L-1}, or -1 for the last)")
+            if e < s:
+                bad(f"rec_end={e} < rec_start={s}: the state must be read at or above the layer that receives it")
+        if self.reset_token is not None and not 0 <= self.reset_token < self.vocab_size:
+            bad(f"reset_token={self.reset_token} is not a token id (vocab_size={self.vocab_size})")
+
+
+def smollm2_135m_config(**overrides):
+    """The shape of SmolLM2-135M (the T2MLR paper's backbone)."""
+    args = dict(block_size=2048, vocab_size=49152, n_layer=30, n_head=9, n_kv_head=3,
+                n_embd=576, mlp_hidden=1536, rope_theta=10000.0, norm_eps=1e-5, tie_embeddings=True)
+    args.update(overrides)
+    return GPTConfig(**args)
+
+# -----------------------------------------------------------------------------
+# KV cache: the one mechanism behind decoding AND the interleaved training buffer
+
+class KVCache:
+    """Per-layer keys/values (after RoPE), shape (B, n_kv_head, max_len, head_dim),
+    indexed by original token position. Written at the positions a call runs,
+    read as a prefix [0, kv_len). Allocated lazily, in the dtype of the keys."""
+
+    def __init__(self, n_layer, max_len):
+        self.max_len = max_len
+        self.k = [None] * n_layer
+        self.v = [None] * n_layer
+
+    def write(self, i, pos, k, v):
+        # pos: a python range of positions, k/v: (B, Hkv, len(pos), hd)
+        kv_len = pos[-1] + 1
+        if kv_len > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} positions, position {pos[-1]} asked for")
+        if self.k[i] is None:
+            if pos.start == 0 and pos.step == 1 and torch.is_grad_enabled():
+                self.k[i], self.v[i] = k, v   # init pass of interleaved training: keep the graph
+                return k, v
+            shape = (k.size(0), k.size(1), self.max_len, k.size(3))
+            self.k[i] = k.new_zeros(shape)
+            self.v[i] = v.new_zeros(shape)
+        if torch.is_grad_enabled():
+            # training (interleaved): out-of-place, so autograd keeps every version
+            # and gradients flow through the buffer into earlier passes
+            sl = dict(dim=2, start=pos.start, end=pos.stop, step=pos.step)
+            if self.k[i].size(2) < self.max_len:  # grew from a graph-kept prefix
+                pad = self.max_len - self.k[i].size(2)
+                self.k[i] = F.pad(self.k[i], (0, 0, 0, pad))
+                self.v[i] = F.pad(self.v[i], (0, 0, 0, pad))
+            self.k[i] = self.k[i].slice_scatter(k, **sl)
+            self.v[i] = self.v[i].slice_scatter(v, **sl)
+        else:
+            # inference: in place, O(1) memory traffic per token
+            self.k[i][:, :, pos.start:pos.stop:pos.step] = k
+            self.v[i][:, :, pos.start:pos.stop:pos.step] = v
+        return self.k[i][:, :, :kv_len], self.v[i][:, :, :kv_len]
+
+# -----------------------------------------------------------------------------
+# backbone pieces
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return F.rms_norm(x, (x.size(-1),), self.weight, self.eps)
+
+
+def rope_tables(head_dim, max_len, theta):
+    # Llama convention: frequencies duplicated over the two halves of the head
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    freqs = torch.outer(torch.arange(max_len, dtype=torch.float64), inv_freq)
+    emb = torch.cat([freqs, freqs], dim=-1)  # (max_len, hd)
+    dtype = torch.get_default_dtype()  # float64 tables when a test builds the model in float64
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x, cos, sin):
+    # x: (B, T, H, hd); cos/sin: (T, hd). rotate_half pairs dim j with dim j + hd/2.
+    cos, sin = cos[None, :, None, :].to(x.dtype), sin[None, :, None, :].to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, config, reads_memory):
+        super().__init__()
+        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
+        self.hd = config.n_embd // config.n_head
+        d, dkv = config.n_embd, self.n_kv_head * self.hd
+        self.wq = nn.Linear(d, d, bias=False)
+        self.wk = nn.Linear(d, dkv, bias=False)
+        self.wv = nn.Linear(d, dkv, bias=False)
+        self.wo = nn.Linear(d, d, bias=False)
+        self.dropout = config.dropout
+        # LRT gated KV projection: (g_loc, g_fb) = 2 sigmoid(W_g a), one pair per KV head
+        self.lrt_gate = nn.Linear(d, 2 * self.n_kv_head, bias=False) if reads_memory else None
+
+    def forward(self, a, rope, pos, mask, cache, layer, mem_kv=None):
+        # a: (B, T, d) normed block input at positions pos (a python range)
+        B, T, _ = a.shape
+        q = self.wq(a).view(B, T, self.n_head, self.hd)
+        k = self.wk(a).view(B, T, self.n_kv_head, self.hd)
+        v = self.wv(a).view(B, T, self.n_kv_head, self.hd)
+        if mem_kv is not None:
+            # LRT (DESIGN.md 4): k_t = g_loc * W_k a + g_fb * W_fb_k m_{t-1}, same for v.
+            # A gated addition to the token's OWN key/value: the cache keeps its shape.
+            g = 2 * torch.sigmoid(self.lrt_gate(a)).view(B, T, 2, self.n_kv_head, 1)
+            k = g[:, :, 0] * k + g[:, :, 1] * mem_kv[0]
+            v = g[:, :, 0] * v + g[:, :, 1] * mem_kv[1]
+        cos, sin = rope
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, hd)
+        if cache is not None:
+            k, v = cache.write(layer, pos, k, v)  # now (B, Hkv, kv_len, hd)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
+            dropout_p=self.dropout if self.training else 0.0, enable_gqa=True)
+        return self.wo(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.w_gate = nn.Linear(config.n_embd, config.mlp_hidden, bias=False)
+        self.w_up = nn.Linear(config.n_embd, config.mlp_hidden, bias=False)
+        self.w_down = nn.Linear(config.mlp_hidden, config.n_embd, bias=False)
+
+    def forward(self, x):
+        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+
+
+class Block(nn.Module):
+    def __init__(self, config, reads_memory=False):
+        super().__init__()
+        self.ln_1 = RMSNorm(config.n_embd, config.norm_eps)
+        self.attn = Attention(config, reads_memory and config.lrt_inject != 'residual')
+        self.ln_2 = RMSNorm(config.n_embd, config.norm_eps)
+        self.mlp = MLP(config)
+        self.drop = nn.Dropout(config.dropout)
+        # LRT residual injection x <- alpha x + gamma m_{t-1} (DESIGN.md 4)
+        self.lrt_alpha = self.lrt_gamma = None
+        if reads_memory and config.lrt_inject != 'kv':
+            self.lrt_alpha = nn.Parameter(torch.ones(()))
+            self.lrt_gamma = nn.Parameter(torch.full((), 0.0 if config.lrt_identity_init else 0.1))
+
+    def forward(self, x, rope, pos, mask, cache, layer, mem=None, mem_kv=None):
+        if mem is not None and self.lrt_alpha is not None:
+            x = self.lrt_alpha * x + self.lrt_gamma * mem
+        x = x + self.drop(self.attn(self.ln_1(x), rope, pos, mask, cache, layer, mem_kv))
+        x = x + self.drop(self.mlp(self.ln_2(x)))
+        return x
+
+# -----------------------------------------------------------------------------
+# T2MLR gated fusion (DESIGN.md section 3)
+
+class T2MLRFusion(nn.Module):
+    """Phi(h, R) = h + tanh(g_cur) sigmoid(f_cur([h, r])) * h + tanh(g_rec) sigmoid(f_rec([h, r])) * r,
+    r = W_rec R. g_cur = g_rec = 0 at init, so Phi is the identity: the model starts as the plain GPT."""
+
+    def __init__(self, config):
+        super().__init__()
+        d = config.n_embd
+        self.w_rec = nn.Linear(d, d, bias=False) if config.rec_proj else None
+        self.f_cur = nn.Linear(2 * d, d, bias=True)
+        self.f_rec = nn.Linear(2 * d, d, bias=True)
+        # scalar gates, fp32 (model.double() makes them fp64, which is fine; bf16 never touches them)
+        self.g_cur = nn.Parameter(torch.zeros((), dtype=torch.float32))
+        self.g_rec = nn.Parameter(torch.zeros((), dtype=torch.float32))
+
+    def forward(self, h, R):
+        # h: (B, T, d) input of block rec_start; R: (B, T, d) incoming state R_{t-1}
+        r = self.w_rec(R) if self.w_rec is not None else R
+        hr = torch.cat([h, r], dim=-1)
+        # tanh in at least fp32, then cast to the activations' dtype
+        wide = torch.promote_types(torch.float32, h.dtype)
+        g_cur, g_rec = (torch.tanh(g.to(wide)).to(h.dtype) for g in (self.g_cur, self.g_rec))
+        return h + g_cur * torch.sigmoid(self.f_cur(hr)) * h + g_rec * torch.sigmoid(self.f_rec(hr)) * r
+
+# -----------------------------------------------------------------------------
+# the model
+
+class GPT(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        config.validate()
+        self.config = c = config
+        self.rec = c.recurrence
+        # the segments; with no recurrence everything is "below" (s = e + 1 = L)
+        self.s, self.e = (c.rec_start, c.rec_end) if self.rec != 'none' else (c.n_layer, c.n_layer - 1)
+        self.wte = nn.Embedding(c.vocab_size, c.n_embd)
+        self.drop = nn.Dropout(c.dropout)
+        reads = lambda i: self.rec == 'lrt' and i >= self.s
+        self.h = nn.ModuleList([Block(c, reads(i)) for i in range(c.n_layer)])
+        self.ln_f = RMSNorm(c.n_embd, c.norm_eps)
+        self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
+        if c.tie_embeddings:
+            self.lm_head.weight = self.wte.weight
+        self.fusion = T2MLRFusion(c) if self.rec == 't2mlr' else None
+        # LRT feedback projections W_fb_k, W_fb_v: one pair (shared) or one per reading layer
+        self.lrt_fb_k = self.lrt_fb_v = None
+        if self.rec == 'lrt' and c.lrt_inject != 'residual':
+            n = 1 if c.lrt_shared else c.n_layer - self.s
+            dkv = c.n_kv_head * (c.n_embd // c.n_head)
+            self.lrt_fb_k = nn.ModuleList([nn.Linear(c.n_embd, dkv, bias=False) for _ in range(n)])
+            self.lrt_fb_v = nn.ModuleList([nn.Linear(c.n_embd, dkv, bias=False) for _ in range(n)])
+        cos, sin = rope_tables(c.n_embd // c.n_head, c.block_size, c.rope_theta)
+        self.register_buffer('rope_cos', cos, persistent=False)
+        self.register_buffer('rope_sin', sin, persistent=False)
+        self._init_weights()
+
+    def _init_weights(self):
+        c = self.config
+        for name, p in self.named_parameters():
+            if name.endswith('w_down.weight') or name.endswith('attn.wo.weight'):
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * c.n_layer))  # GPT-2 residual scaling
+            elif p.dim() == 2:
+                nn.init.normal_(p, std=0.02)
+        for blk in self.h:
+            if blk.attn.lrt_gate is not None:
+                nn.init.zeros_(blk.attn.lrt_gate.weight)  # both gates start at 2 sigmoid(0) = 1
+        if self.fusion is not None:
+            for f in (self.fusion.f_cur, self.fusion.f_rec):
+                nn.init.xavier_normal_(f.weight, gain=c.rec_gate_gain)
+                nn.init.zeros_(f.bias)
+        if self.lrt_fb_k is not None and c.lrt_identity_init:
+            for lin in list(self.lrt_fb_k) + list(self.lrt_fb_v):
+                nn.init.zeros_(lin.weight)
+
+    def get_num_params(self, non_embedding=True):
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding and not self.config.tie_embeddings:
+            n -= self.lm_head.weight.numel()
+        return n
+
+    @staticmethod
+    def is_rec_param(name):
+        """Parameters the recurrence adds on top of the plain GPT."""
+        return name.startswith('fusion.') or 'lrt_' in name
+
+    # ------------------------------------------------------------------
+    # the primitive: run blocks a..b at positions pos
+
+    def run_blocks(self, x, a, b, pos, state_in=None, cache=None):
+        """x: (B, len(pos), d), the residual stream at the input of block a, for the
+        tokens at original positions pos (a python range). state_in: (B, len(pos), d),
+        the state each of those tokens reads (R_{t-1} or m_{t-1}); None runs the plain
+        model (no fusion, no injection). cache: a KVCache to write keys into and attend
+        over (None: the positions are 0..T-1 and attend among themselves)."""
+        if a > b:
+            return x
+        rope = (self.rope_cos[pos.start:pos.stop:pos.step], self.rope_sin[pos.start:pos.stop:pos.step])
+        mask = None  # causal among x itself, or a single query that sees the whole prefix
+        if cache is not None and len(pos) > 1 and not (pos.start == 0 and pos.step == 1):
+            # queries at pos attend to cached keys 0..pos[-1], causally by original position
+            kpos = torch.arange(pos[-1] + 1, device=x.device)
+            qpos = torch.arange(pos.start, pos.stop, pos.step, device=x.device)
+            mask = kpos[None, :] <= qpos[:, None]
+        shared_kv = None
+        for i in range(a, b + 1):
+            if state_in is not None and i == self.s and self.fusion is not None:
+                x = self.fusion(x, state_in)  # T2MLR: fuse at the input of block s
+            mem = mem_kv = None
+            if state_in is not None and self.rec == 'lrt' and i >= self.s:
+                mem = state_in  # LRT: every block >= s reads m_{t-1}
+                if self.lrt_fb_k is not None:
+                    if self.config.lrt_shared:  # one projection, computed once for all layers
+                        if shared_kv is None:
+                            shared_kv = self._fb_kv(0, mem)
+                        mem_kv = shared_kv
+                    else:
+                        mem_kv = self._fb_kv(i - self.s, mem)
+            x = self.h[i](x, rope, pos, mask, cache, i, mem, mem_kv)
+        return x
+
+    def _fb_kv(self, j, mem):
+        B, T, _ = mem.shape
+        shape = (B, T, self.config.n_kv_head, self.config.n_embd // self.config.n_head)
+        return self.lrt_fb_k[j](mem).view(shape), self.lrt_fb_v[j](mem).view(shape)
+
+    def next_state(self, h, state_in):
+        """The state token t hands to token t+1, from h = h^(e)_t and the state it read."""
+        if self.rec == 't2mlr':
+            # m_t = h^(e)_t + R_{t-1};  R_t = m_t * clamp(1/rms(m_t), 1/5, 5), the scale under detach
+            m = h + state_in if (self.config.rec_residual and state_in is not None) else h
+            scale = torch.rsqrt(m.detach().pow(2).mean(-1, keepdim=True) + 1e-6).clamp(0.2, 5.0)
+            return m * scale
+        # LRT: m_t = rmsnorm(h^(e)_t), no weight
+        return F.rms_norm(h, (h.size(-1),), eps=self.config.norm_eps)
+
+    def shift_states(self, states, idx):
+        """states: (B, T, d) produced by tokens 0..T-1 -> (B, T, d) read by tokens 0..T-1:
+        shift(X)[:, t] = X[:, t-1], zero at t = 0 and at document starts (reset token)."""
+        out = F.pad(states[:, :-1], (0, 0, 1, 0))
+        return self._reset(out, idx)
+
+    def _reset(self, state_in, idx):
+        if self.config.reset_token is None:
+            return state_in
+        return state_in * (idx != self.config.reset_token).unsqueeze(-1).to(state_in.dtype)
+
+    def _check(self, idx):
+        T = idx.size(1)
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
+
+    def _logits_loss(self, x, targets):
+        logits = self.lm_head(self.ln_f(x))
+        return logits, (None if targets is None else ce_loss(logits, targets))
+
+    # ------------------------------------------------------------------
+    # forward passes
+
+    def forward(self, idx, targets=None, mode='exact', n_iter=8, n_grad=4, n_subsets=2):
+        """idx, targets: (B, T) token ids (targets -1 = no loss). Returns (logits (B,T,V), loss).
+        mode: 'plain'       the backbone alone, recurrence bypassed
+              'exact'       the exact sequential recurrence (what generation computes)
+              'jacobi'      Jacobi iterations, n_iter span passes, gradient through the last n_grad
+              'interleaved' n_subsets strided subsets refined one after another
+        With recurrence='none' every mode is the plain parallel forward."""
+        self._check(idx)
+        if self.rec == 'none' or mode == 'plain':
+            x = self.run_blocks(self.drop(self.wte(idx)), 0, self.config.n_layer - 1, range(idx.size(1)))
+            return self._logits_loss(x, targets)
+        if mode == 'exact':
+            return self.forward_exact(idx, targets)
+        if mode == 'jacobi':
+            return self.forward_jacobi(idx, targets, n_iter, n_grad)
+        if mode == 'interleaved':
+            return self.forward_interleaved(idx, targets, n_subsets)
+        raise ValueError(f"unknown mode {mode!r}; expected 'plain', 'exact', 'jacobi' or 'interleaved'")
+
+    def _exact(self, idx, cache):
+        """Exact recurrence (DESIGN.md 5). Below/above segments run in parallel over the
+        sequence; only the span runs token by token. Returns (x_out, last_state)."""
+        B, T = idx.shape
+        L = self.config.n_layer
+        x = self.run_blocks(self.drop(self.wte(idx)), 0, self.s - 1, range(T), None, cache)
+        state = x.new_zeros(B, 1, self.config.n_embd)  # R_{-1} = 0
+        hs, ins = [], []
+        for t in range(T):
+            st = self._reset(state, idx[:, t:t + 1])  # (B, 1, d) what token t reads
+            h = self.run_blocks(x[:, t:t + 1], self.s, self.e, range(t, t + 1), st, cache)
+            state = self.next_state(h, st)
+            hs.append(h)
+            ins.append(st)
+        h, state_in = torch.cat(hs, 1), torch.cat(ins, 1)
+        x = self.run_blocks(h, self.e + 1, L - 1, range(T), state_in, cache)
+        return x, state[:, 0]
+
+    def forward_exact(self, idx, targets=None):
+        x, _ = self._exact(idx, KVCache(self.config.n_layer, idx.size(1)))
+        return self._logits_loss(x, targets)
+
+    def _jacobi(self, idx, n_iter, n_grad, cache=None):
+        """Jacobi fixed-point iterations over the span (DESIGN.md 6). n_iter = D span
+        passes in all, the final one included; only the last n_grad = B carry gradient.
+        After k passes positions 0..k-1 are exact, so n_iter >= T is exact everywhere.
+        Returns (x_out, state_in, h_e) of the final pass."""
+        B, T = idx.shape
+        if n_iter < 1 or not 0 <= n_grad <= n_iter:
+            raise ValueError(f"jacobi needs n_iter >= 1 and 0 <= n_grad <= n_iter, got {n_iter}, {n_grad}")
+        # 1. the layers below the span do not depend on the state: run them once
+        x = self.run_blocks(self.drop(self.wte(idx)), 0, self.s - 1, range(T), None, cache)
+        # the first span pass reads the zero state (exact at t = 0)
+        state_in = x.new_zeros(B, T, self.config.n_embd)
+        grad = torch.is_grad_enabled()
+        for it in range(n_iter):
+            # 2. early iterations build no graph: only the last n_grad backpropagate
+            with torch.set_grad_enabled(grad and it >= n_iter - n_grad):
+                h = self.run_blocks(x, self.s, self.e, range(T), state_in, cache)
+                if it < n_iter - 1:
+                    state_in = self.shift_states(self.next_state(h, state_in), idx)
+        # 3. final pass continues through the layers above with the state it read
+        x = self.run_blocks(h, self.e + 1, self.config.n_layer - 1, range(T), state_in, cache)
+        return x, state_in, h
+
+    def forward_jacobi(self, idx, targets=None, n_iter=8, n_grad=4):
+        x, _, _ = self._jacobi(idx, n_iter, n_grad)
+        return self._logits_loss(x, targets)
+
+    def forward_interleaved(self, idx, targets=None, n_subsets=2):
+        """Interleaved subset refinement (DESIGN.md 7). Subset i = positions t % S == i.
+        Returns (logits, loss): logits at each position from the pass that refined it,
+        loss = (L_0 + sum_i L_i) / (S + 1)."""
+        B, T = idx.shape
+        S, L = n_subsets, self.config.n_layer
+        if not 1 <= S <= T:
+            raise ValueError(f"interleaved needs 1 <= n_subsets <= T={T}, got {S}")
+        buf = KVCache(L, T)  # keys/values of every state-reading layer, by original position
+        xs = self.run_blocks(self.drop(self.wte(idx)), 0, self.s - 1, range(T))  # below: once
+        # 1. init pass with zero memory; keep keys/values and the source states
+        zero = xs.new_zeros(B, T, self.config.n_embd)
+        h = self.run_blocks(xs, self.s, self.e, range(T), zero, buf)
+        states = self.next_state(h, zero)  # (B, T, d) latest state produced by each token
+        logits0, loss0 = self._logits_loss(self.run_blocks(h, self.e + 1, L - 1, range(T), zero, buf), targets)
+        logits, losses = torch.empty_like(logits0), [loss0]
+        # 2. refine the subsets in order; each sees the states refined before it
+        for i in range(S):
+            P = range(i, T, S)
+            st = self.shift_states(states, idx)[:, i::S]  # memory shift(h_latest) at P
+            h = self.run_blocks(xs[:, i::S], self.s, self.e, P, st, buf)
+            states = states.slice_scatter(self.next_state(h, st), dim=1, start=i, end=T, step=S)
+            out = self.run_blocks(h, self.e + 1, L - 1, P, st, buf)
+            logits_i, loss_i = self._logits_loss(out, None if targets is None else targets[:, i::S])
+            logits[:, i::S] = logits_i
+            losses.append(loss_i)
+        # 3. average the S + 1 losses
+        loss = None if targets is None else sum(losses) / (S + 1)
+        return logits, loss
+
+    # ------------------------------------------------------------------
+    # generation: KV cache + one state vector per sequence, one pass per token
+
+    @torch.no_grad()
+    def prefill(self, idx, cache, mode='exact', n_iter=8):
+        """Process a prompt into the cache. Returns (logits (B,T,V), state (B,d)) where
+        state is what the first generated token will read (before any reset).
+        mode: 'exact' | 'jacobi' (n_iter passes) | 'plain' (no recurrence in the prompt)."""
+        T = idx.size(1)
+        if self.rec == 'none':
+            x = self.run_blocks(self.wte(idx), 0, self.config.n_layer - 1, range(T), None, cache)
+            return self._logits_loss(x, None)[0], None
+        if mode == 'exact':
+            x, state = self._exact(idx, cache)
+        elif mode == 'jacobi':
+            x, state_in, h = self._jacobi(idx, n_iter, 0, cache)
+            state = self.next_state(h[:, -1:], state_in[:, -1:])[:, 0]
+        elif mode == 'plain':
+            x = self.run_blocks(self.wte(idx), 0, self.e, range(T), None, cache)
+            state = self.next_state(x[:, -1:], None)[:, 0]  # as if the last prompt token read R = 0
+            x = self.run_blocks(x, self.e + 1, self.config.n_layer - 1, range(T), None, cache)
+        else:
+            raise ValueError(f"unknown prefill mode {mode!r}; expected 'exact', 'jacobi' or 'plain'")
+        return self._logits_loss(x, None)[0], state
+
+    @torch.no_grad()
+    def decode_step(self, tok, t, state, cache):
+        """One forward pass for one new token per sequence. tok: (B, 1) at position t;
+        state: (B, d) from token t-1. Returns (logits (B, 1, V), new state (B, d))."""
+        x = self.wte(tok)
+        pos = range(t, t + 1)
+        if self.rec == 'none':
+            return self._logits_loss(self.run_blocks(x, 0, self.config.n_layer - 1, pos, None, cache), None)[0], None
+        st = self._reset(state[:, None], tok)
+        h = self.run_blocks(x, 0, self.e, pos, st, cache)
+        new_state = self.next_state(h, st)[:, 0]
+        x = self.run_blocks(h, self.e + 1, self.config.n_layer - 1, pos, st, cache)
+        return self._logits_loss(x, None)[0], new_state
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, prefill='exact',
+                 prefill_iters=8, return_logits=False, generator=None):
+        """idx: (B, T0) prompts of equal length. Exactly one forward pass per new token
+        after the prefill. temperature 0 = greedy. Returns (B, T0 + max_new_tokens)
+        tokens, and with return_logits the (B, T0 + max_new_tokens - 1, V) logits that
+        produced every next token."""
+        B, T0 = idx.shape
+        if T0 + max_new_tokens > self.config.block_size:
+            raise ValueError(f"prompt {T0} + {max_new_tokens} new tokens exceeds block_size {self.config.block_size}")
+        cache = KVCache(self.config.n_layer, T0 + max_new_tokens)
+        logits, state = self.prefill(idx, cache, prefill, prefill_iters)
+        all_logits = [logits]
+        out = [idx]
+        for step in range(max_new_tokens):
+            tok = sample(logits[:, -1], temperature, top_k, generator)  # (B, 1)
+            out.append(tok)
+            if step < max_new_tokens - 1:
+                logits, state = self.decode_step(tok, T0 + step, state, cache)
+                all_logits.append(logits)
+        out = torch.cat(out, 1)
+        return (out, torch.cat(all_logits, 1)) if return_logits else out
+
+    # ------------------------------------------------------------------
+    # optimizer groups and FLOPs
+
+    def param_groups(self, weight_decay, rec_lr_mult=1.0):
+        """AdamW groups: decay on matrices (dim >= 2) only; norms, biases and the gate
+        scalars undecayed. The recurrence's own parameters get lr_mult = rec_lr_mult
+        (the retrofit recipe uses 100). train.py sets lr = base_lr * lr_mult."""
+        groups = {}
+        for name, p in self.named_parameters():
+            if not p.requires_grad:
+                continue
+            decay = p.dim() >= 2
+            mult = rec_lr_mult if self.is_rec_param(name) else 1.0
+            g = groups.setdefault((decay, mult), dict(params=[], weight_decay=weight_decay if decay else 0.0, lr_mult=mult))
+            g['params'].append(p)
+        return list(groups.values())
+
+    def layer_flops(self, T):
+        """Forward FLOPs per token of one block, attention over a context of T (2 per MAC)."""
+        c = self.config
+        hd = c.n_embd // c.n_head
+        dkv = c.n_kv_head * hd
+        mats = c.n_embd * (2 * c.n_embd + 2 * dkv) + 3 * c.n_embd * c.mlp_hidden
+        attn = 4 * c.n_head * hd * T  # QK^T and AV over T keys (nanoGPT's convention, no causal halving)
+        return 2 * mats + attn
+
+    def rec_flops(self):
+        """Forward FLOPs per token the recurrence adds (fusion, or LRT projections/gates)."""
+        c = self.config
+        d, dkv = c.n_embd, c.n_kv_head * (c.n_embd // c.n_head)
+        if self.rec == 't2mlr':
+            return 2 * ((d * d if c.rec_proj else 0) + 2 * (2 * d) * d)  # W_rec + f_cur + f_rec
+        if self.rec == 'lrt':
+            n_read = c.n_layer - self.s
+            f = 0
+            if self.lrt_fb_k is not None:
+                f += 2 * 2 * d * dkv * (1 if c.lrt_shared else n_read)  # W_fb_k, W_fb_v
+                f += 2 * d * 2 * c.n_kv_head * n_read                   # W_g
+            return f
+        return 0
+
+    def flops_per_token(self, T, mode='plain', n_iter=8, n_grad=4, n_subsets=2, train=True):
+        """FLOPs per token of one step (forward, plus backward at 2x forward if train),
+        counting every extra pass a scheme makes (cost model of DESIGN.md 6 and 7)."""
+        c = self.config
+        L, lf, hf = c.n_layer, self.layer_flops(T), 2 * c.n_embd * c.vocab_size
+        below, span, above = self.s, self.e - self.s + 1, L - 1 - self.e
+        rec = self.rec_flops()
+        if self.rec == 'none' or mode in ('plain',):
+            fwd = bwd = L * lf + hf
+        elif mode in ('exact',):
+            fwd = bwd = L * lf + hf + rec
+        elif mode == 'jacobi':
+            fwd = (below + n_iter * span + above) * lf + hf + n_iter * rec
+            bwd = (below + n_grad * span + above) * lf + hf + n_grad * rec
+        elif mode == 'interleaved':
+            # init pass over everything, then S subsets of T/S tokens through blocks s..L-1
+            fwd = bwd = (below + 2 * (span + above)) * lf + 2 * hf + 2 * rec
+        else:
+            raise ValueError(f"unknown mode {mode!r}")
+        return fwd + (2 * bwd if train else 0)
+
+# -----------------------------------------------------------------------------
+# helpers
+
+def ce_loss(logits, targets):
+    """Mean cross-entropy over positions with target != -1 (0 if there are none)."""
+    logits, targets = logits.reshape(-1, logits.size(-1)), targets.reshape(-1)
+    n = (targets != -1).sum().clamp(min=1)
+    return F.cross_entropy(logits, targets, ignore_index=-1, reduction='sum') / n
+
+
+def sample(logits, temperature=1.0, top_k=None, generator=None):
+    """logits: (B, V) -> (B, 1) token ids. temperature 0 = greedy (argmax)."""
+    if temperature == 0:
+        return logits.argmax(-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+        logits[logits < v[:, [-1]]] = -float('inf')
+    return torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)

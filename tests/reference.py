@@ -1,0 +1,132 @@
+"""
+An independent, deliberately naive reference for the recurrent GPT.
+
+It reads the model's weights but none of its code paths: attention is an explicit
+softmax over a full causal mask with GQA by repetition, RoPE tables are built here,
+and the recurrence is run the slowest obvious way: for every t, the WHOLE model
+runs on the prefix 0..t, each position j <= t reading the state stored for it,
+and position t's output gives logits_t and the state for t+1.
+"""
+
+import math
+
+import torch
+
+
+def rms(x, w, eps):
+    y = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return y if w is None else y * w
+
+
+def rope(x, theta):
+    # x: (T, H, hd), positions 0..T-1; rotates the pair (j, j + hd/2) by angle t / theta^(2j/hd)
+    T, _, hd = x.shape
+    j = torch.arange(hd // 2, dtype=torch.float64)
+    ang = torch.arange(T, dtype=torch.float64)[:, None] / theta ** (2 * j / hd)  # (T, hd/2)
+    c, s = ang.cos()[:, None, :].to(x.dtype), ang.sin()[:, None, :].to(x.dtype)
+    a, b = x[..., :hd // 2], x[..., hd // 2:]
+    return torch.cat([a * c - b * s, b * c + a * s], -1)
+
+
+def attention(model, i, a, mem):
+    # a: (T, d) normed input of block i for ONE sequence; mem: (T, d) or None
+    c, att = model.config, model.h[i].attn
+    T, hd = a.shape[0], c.n_embd // c.n_head
+    q = (a @ att.wq.weight.T).view(T, c.n_head, hd)
+    k = (a @ att.wk.weight.T).view(T, c.n_kv_head, hd)
+    v = (a @ att.wv.weight.T).view(T, c.n_kv_head, hd)
+    if mem is not None and att.lrt_gate is not None:
+        j = 0 if c.lrt_shared else i - c.rec_start
+        fk = (mem @ model.lrt_fb_k[j].weight.T).view(T, c.n_kv_head, hd)
+        fv = (mem @ model.lrt_fb_v[j].weight.T).view(T, c.n_kv_head, hd)
+        g = 2 * torch.sigmoid(a @ att.lrt_gate.weight.T)  # (T, 2*Hkv): first Hkv local, then feedback
+        gl, gf = g[:, :c.n_kv_head, None], g[:, c.n_kv_head:, None]
+        k = gl * k + gf * fk
+        v = gl * v + gf * fv
+    q, k = rope(q, c.rope_theta), rope(k, c.rope_theta)
+    rep = c.n_head // c.n_kv_head
+    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    ys = []
+    for h in range(c.n_head):
+        scores = q[:, h] @ k[:, h].T / math.sqrt(hd)
+        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float('-inf'))
+        ys.append(torch.softmax(scores, -1) @ v[:, h])
+    return torch.cat(ys, -1) @ att.wo.weight.T
+
+
+def block(model, i, x, mem):
+    c, b = model.config, model.h[i]
+    if mem is not None and b.lrt_alpha is not None:
+        x = b.lrt_alpha * x + b.lrt_gamma * mem
+    x = x + attention(model, i, rms(x, b.ln_1.weight, c.norm_eps), mem)
+    a = rms(x, b.ln_2.weight, c.norm_eps)
+    m = b.mlp
+    silu = lambda z: z * torch.sigmoid(z)
+    return x + (silu(a @ m.w_gate.weight.T) * (a @ m.w_up.weight.T)) @ m.w_down.weight.T
+
+
+def fuse(model, h, R):
+    f = model.fusion
+    r = R @ f.w_rec.weight.T if f.w_rec is not None else R
+    hr = torch.cat([h, r], -1)
+    sc = torch.sigmoid(hr @ f.f_cur.weight.T + f.f_cur.bias)
+    sr = torch.sigmoid(hr @ f.f_rec.weight.T + f.f_rec.bias)
+    return h + math.tanh(f.g_cur.item()) * sc * h + math.tanh(f.g_rec.item()) * sr * r
+
+
+def full_model(model, ids, states):
+    """Run every layer on ONE sequence ids (T,), position j reading states[j] (T, d).
+    Returns (logits (T, V), h^(rec_end) (T, d))."""
+    c = model.config
+    x = model.wte.weight[ids]
+    h_e = None
+    for i in range(c.n_layer):
+        if c.recurrence == 't2mlr' and i == c.rec_start:
+            x = fuse(model, x, states)
+        mem = states if (c.recurrence == 'lrt' and i >= c.rec_start) else None
+        x = block(model, i, x, mem)
+        if i == c.rec_end:
+            h_e = x
+    return rms(x, model.ln_f.weight, c.norm_eps) @ model.lm_head.weight.T, h_e
+
+
+def next_state(model, h, R_prev):
+    c = model.config
+    if c.recurrence == 't2mlr':
+        m = h + R_prev if c.rec_residual else h
+        return m * min(max(1.0 / math.sqrt(m.pow(2).mean().item() + 1e-6), 0.2), 5.0)
+    return rms(h, None, c.norm_eps)
+
+
+def naive_exact(model, idx):
+    """idx: (B, T). Returns logits (B, T, V) of the exact sequential recurrence."""
+    c = model.config
+    out = []
+    with torch.no_grad():
+        for ids in idx:
+            T = ids.numel()
+            states = torch.zeros(T, c.n_embd, dtype=model.wte.weight.dtype)  # state read by token j
+            rows = []
+            prev = torch.zeros(c.n_embd, dtype=states.dtype)  # state produced by token t-1
+            for t in range(T):
+                reset = t == 0 or (c.reset_token is not None and ids[t].item() == c.reset_token)
+                states[t] = 0 if reset else prev
+                logits, h_e = full_model(model, ids[:t + 1], states[:t + 1])
+                rows.append(logits[t])
+                if c.recurrence != 'none':
+                    prev = next_state(model, h_e[t], states[t])
+            out.append(torch.stack(rows))
+    return torch.stack(out)
+
+
+def naive_plain(model, idx):
+    """The backbone alone (no recurrence), run in parallel."""
+    c = model.config
+    with torch.no_grad():
+        outs = []
+        for ids in idx:
+            x = model.wte.weight[ids]
+            for i in range(c.n_layer):
+                x = block(model, i, x, None)
+            outs.append(rms(x, model.ln_f.weight, c.norm_eps) @ model.lm_head.weight.T)
+    return torch.stack(outs)
