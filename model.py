@@ -649,3 +649,47 @@ def sample(logits, temperature=1.0, top_k=None, generator=None):
         v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
         logits[logits < v[:, [-1]]] = -float('inf')
     return torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
+
+# -----------------------------------------------------------------------------
+# checkpoints: one format for train.py, sample.py and bench.py
+
+class CheckpointError(ValueError):
+    pass
+
+
+def save_checkpoint(ckpt, path):
+    """Atomic: write a temporary file next to path, then rename over it, so an
+    interrupted save never destroys the last good checkpoint."""
+    import os
+    tmp = f"{path}.tmp.{os.getpid()}"
+    torch.save(ckpt, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path, device='cpu'):
+    """Returns (model, ckpt). ckpt holds at least 'model' (state dict) and
+    'model_args' (GPTConfig fields). Every failure is one CheckpointError line."""
+    import os
+    if not os.path.isfile(path):
+        raise CheckpointError(f"no checkpoint at {path}")
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=False)
+    except Exception as e:
+        raise CheckpointError(f"{path} is not a readable checkpoint (corrupt or truncated?): {type(e).__name__}: {e}") from None
+    if not isinstance(ckpt, dict) or 'model' not in ckpt or 'model_args' not in ckpt:
+        raise CheckpointError(f"{path} is not a checkpoint of this repo (no 'model'/'model_args')")
+    known = set(GPTConfig.__dataclass_fields__)
+    unknown = set(ckpt['model_args']) - known
+    if unknown:
+        raise CheckpointError(f"{path} has model args this code does not know: {sorted(unknown)}")
+    try:
+        model = GPT(GPTConfig(**ckpt['model_args']))
+    except ValueError as e:
+        raise CheckpointError(f"{path}: invalid model args: {e}") from None
+    sd = {k.removeprefix('_orig_mod.').removeprefix('module.'): v for k, v in ckpt['model'].items()}
+    try:
+        model.load_state_dict(sd)
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()
+        raise CheckpointError(f"{path}: weights do not fit the model: {' '.join(first[:2])[:300]}") from None
+    return model.to(device), ckpt

@@ -18,11 +18,13 @@ def rms(x, w, eps):
     return y if w is None else y * w
 
 
-def rope(x, theta):
-    # x: (T, H, hd), positions 0..T-1; rotates the pair (j, j + hd/2) by angle t / theta^(2j/hd)
+def rope(x, theta, positions=None):
+    # x: (T, H, hd) at the given positions (default 0..T-1); rotates the pair
+    # (j, j + hd/2) by the angle position / theta^(2j/hd)
     T, _, hd = x.shape
+    pos = torch.arange(T) if positions is None else torch.as_tensor(positions)
     j = torch.arange(hd // 2, dtype=torch.float64)
-    ang = torch.arange(T, dtype=torch.float64)[:, None] / theta ** (2 * j / hd)  # (T, hd/2)
+    ang = pos.to(torch.float64)[:, None] / theta ** (2 * j / hd)  # (T, hd/2)
     c, s = ang.cos()[:, None, :].to(x.dtype), ang.sin()[:, None, :].to(x.dtype)
     a, b = x[..., :hd // 2], x[..., hd // 2:]
     return torch.cat([a * c - b * s, b * c + a * s], -1)
@@ -71,7 +73,7 @@ def fuse(model, h, R):
     hr = torch.cat([h, r], -1)
     sc = torch.sigmoid(hr @ f.f_cur.weight.T + f.f_cur.bias)
     sr = torch.sigmoid(hr @ f.f_rec.weight.T + f.f_rec.bias)
-    return h + math.tanh(f.g_cur.item()) * sc * h + math.tanh(f.g_rec.item()) * sr * r
+    return h + torch.tanh(f.g_cur.to(h.dtype)) * sc * h + torch.tanh(f.g_rec.to(h.dtype)) * sr * r
 
 
 def full_model(model, ids, states):
@@ -94,27 +96,30 @@ def next_state(model, h, R_prev):
     c = model.config
     if c.recurrence == 't2mlr':
         m = h + R_prev if c.rec_residual else h
+        # the scale is a constant for autograd (computed under detach in the method)
         return m * min(max(1.0 / math.sqrt(m.pow(2).mean().item() + 1e-6), 0.2), 5.0)
     return rms(h, None, c.norm_eps)
 
 
-def naive_exact(model, idx):
-    """idx: (B, T). Returns logits (B, T, V) of the exact sequential recurrence."""
+def naive_exact(model, idx, grad=False):
+    """idx: (B, T). Returns logits (B, T, V) of the exact sequential recurrence
+    (differentiable with grad=True, for gradient checks)."""
     c = model.config
     out = []
-    with torch.no_grad():
+    with torch.set_grad_enabled(grad):
         for ids in idx:
             T = ids.numel()
-            states = torch.zeros(T, c.n_embd, dtype=model.wte.weight.dtype)  # state read by token j
-            rows = []
-            prev = torch.zeros(c.n_embd, dtype=states.dtype)  # state produced by token t-1
+            zero = torch.zeros(c.n_embd, dtype=model.wte.weight.dtype)
+            states, rows = [], []  # states[j]: the state token j reads
+            prev = zero  # state produced by token t-1
             for t in range(T):
                 reset = t == 0 or (c.reset_token is not None and ids[t].item() == c.reset_token)
-                states[t] = 0 if reset else prev
-                logits, h_e = full_model(model, ids[:t + 1], states[:t + 1])
+                states.append(zero if reset else prev)
+                S = torch.stack(states)
+                logits, h_e = full_model(model, ids[:t + 1], S)
                 rows.append(logits[t])
                 if c.recurrence != 'none':
-                    prev = next_state(model, h_e[t], states[t])
+                    prev = next_state(model, h_e[t], S[t])
             out.append(torch.stack(rows))
     return torch.stack(out)
 
@@ -130,3 +135,86 @@ def naive_plain(model, idx):
                 x = block(model, i, x, None)
             outs.append(rms(x, model.ln_f.weight, c.norm_eps) @ model.lm_head.weight.T)
     return torch.stack(outs)
+
+
+# -----------------------------------------------------------------------------
+# a naive interleaved-subset scheme (DESIGN.md 7), one sequence, one position at a time
+
+def qkv(model, i, a, mem, positions):
+    """Per-position q, k, v (after RoPE) of block i for rows a (n, d) at positions."""
+    c, att = model.config, model.h[i].attn
+    n, hd = a.shape[0], c.n_embd // c.n_head
+    q = (a @ att.wq.weight.T).view(n, c.n_head, hd)
+    k = (a @ att.wk.weight.T).view(n, c.n_kv_head, hd)
+    v = (a @ att.wv.weight.T).view(n, c.n_kv_head, hd)
+    if mem is not None and att.lrt_gate is not None:
+        j = 0 if c.lrt_shared else i - c.rec_start
+        g = 2 * torch.sigmoid(a @ att.lrt_gate.weight.T)
+        gl, gf = g[:, :c.n_kv_head, None], g[:, c.n_kv_head:, None]
+        k = gl * k + gf * (mem @ model.lrt_fb_k[j].weight.T).view(n, c.n_kv_head, hd)
+        v = gl * v + gf * (mem @ model.lrt_fb_v[j].weight.T).view(n, c.n_kv_head, hd)
+    return rope(q, c.rope_theta, positions), rope(k, c.rope_theta, positions), v
+
+
+def pass_with_buffer(model, x, positions, states, K, V):
+    """Run blocks rec_start..L-1 on rows x (n, d) at positions, each reading states (n, d).
+    K[i], V[i]: (T, Hkv, hd) buffers; the fresh keys/values are written into them first,
+    then each query attends to buffer rows 0..its own position. Returns (out, h_e)."""
+    c = model.config
+    rep, hd = c.n_head // c.n_kv_head, c.n_embd // c.n_head
+    h_e = None
+    for i in range(c.rec_start, c.n_layer):
+        b = model.h[i]
+        if c.recurrence == 't2mlr' and i == c.rec_start:
+            x = fuse(model, x, states)
+        mem = states if c.recurrence == 'lrt' else None
+        if mem is not None and b.lrt_alpha is not None:
+            x = b.lrt_alpha * x + b.lrt_gamma * mem
+        q, k, v = qkv(model, i, rms(x, b.ln_1.weight, c.norm_eps), mem, positions)
+        K[i], V[i] = K[i].clone(), V[i].clone()
+        K[i][positions], V[i][positions] = k, v
+        rows = []
+        for r, p in enumerate(positions):
+            heads = []
+            for h in range(c.n_head):
+                kk, vv = K[i][:p + 1, h // rep], V[i][:p + 1, h // rep]
+                heads.append(torch.softmax(kk @ q[r, h] / math.sqrt(hd), -1) @ vv)
+            rows.append(torch.cat(heads))
+        x = x + torch.stack(rows) @ b.attn.wo.weight.T
+        a = rms(x, b.ln_2.weight, c.norm_eps)
+        m = b.mlp
+        x = x + ((a @ m.w_gate.weight.T) * torch.sigmoid(a @ m.w_gate.weight.T) * (a @ m.w_up.weight.T)) @ m.w_down.weight.T
+        if i == c.rec_end:
+            h_e = x
+    return x, h_e
+
+
+def naive_interleaved(model, idx, S):
+    """Logits (B, T, V) of the interleaved scheme: each position from the pass that refined it."""
+    c = model.config
+    hd = c.n_embd // c.n_head
+    out = []
+    with torch.no_grad():
+        for ids in idx:
+            T = ids.numel()
+            x = model.wte.weight[ids]
+            for i in range(c.rec_start):
+                x = block(model, i, x, None)
+            xs = x
+            K = {i: torch.zeros(T, c.n_kv_head, hd, dtype=x.dtype) for i in range(c.n_layer)}
+            V = {i: torch.zeros(T, c.n_kv_head, hd, dtype=x.dtype) for i in range(c.n_layer)}
+            zero = torch.zeros(T, c.n_embd, dtype=x.dtype)
+            _, h_e = pass_with_buffer(model, xs, list(range(T)), zero, K, V)  # init pass
+            latest = torch.stack([next_state(model, h_e[t], zero[t]) for t in range(T)])
+            logits = torch.zeros(T, c.vocab_size, dtype=x.dtype)
+            for i in range(S):
+                P = list(range(i, T, S))
+                st = torch.stack([torch.zeros(c.n_embd, dtype=x.dtype)
+                                  if p == 0 or (c.reset_token is not None and ids[p].item() == c.reset_token)
+                                  else latest[p - 1] for p in P])
+                y, h_e = pass_with_buffer(model, xs[P], P, st, K, V)
+                for r, p in enumerate(P):
+                    latest[p] = next_state(model, h_e[r], st[r])
+                logits[P] = rms(y, model.ln_f.weight, c.norm_eps) @ model.lm_head.weight.T
+            out.append(logits)
+    return torch.stack(out)

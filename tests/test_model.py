@@ -25,7 +25,7 @@ def make(seed=0, nonidentity=True, **kw):
             for name, p in model.named_parameters():
                 if GPT.is_rec_param(name):
                     p.add_(0.3 * torch.randn_like(p))  # gates, gains, projections all off init
-    return model.eval()
+    return model.double().eval()  # the fp32 gate scalars too
 
 
 def tokens(B=3, T=12, seed=1, vocab=23):
@@ -187,3 +187,25 @@ def test_smollm2_shape_and_param_groups():
     assert all(p.dim() >= 2 for g in groups if g['weight_decay'] > 0 for p in g['params'])
     assert m.flops_per_token(512, 'jacobi', 16, 4) > m.flops_per_token(512, 'plain') * 1.5
     assert m.rec_flops() == 2 * 5 * d * d
+
+
+def test_checkpoint_roundtrip_and_errors(tmp_path):
+    from dataclasses import asdict
+    from model import CheckpointError, load_checkpoint, save_checkpoint
+    m = make(**STYLES[0])
+    path = str(tmp_path / 'ckpt.pt')
+    save_checkpoint({'model': m.state_dict(), 'model_args': asdict(m.config)}, path)
+    m2, _ = load_checkpoint(path)
+    idx = tokens()
+    torch.testing.assert_close(m2.double()(idx)[0], m(idx)[0], **TOL)
+    with pytest.raises(CheckpointError, match='no checkpoint'):
+        load_checkpoint(str(tmp_path / 'nope.pt'))
+    (tmp_path / 'bad.pt').write_bytes(b'not a checkpoint')
+    with pytest.raises(CheckpointError, match='not a readable checkpoint'):
+        load_checkpoint(str(tmp_path / 'bad.pt'))
+    torch.save({'model': m.state_dict(), 'model_args': {**asdict(m.config), 'n_layer': 3}}, path)
+    with pytest.raises(CheckpointError, match='weights do not fit'):
+        load_checkpoint(path)
+    torch.save({'model': {}, 'model_args': {**asdict(m.config), 'rec_end': 9}}, path)
+    with pytest.raises(CheckpointError, match='invalid model args'):
+        load_checkpoint(path)

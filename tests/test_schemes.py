@@ -1,0 +1,160 @@
+"""The parallel training schemes (DESIGN.md 6 and 7) against the exact recurrence, float64."""
+
+import pytest
+import torch
+
+from model import GPT
+from reference import naive_interleaved
+from test_model import STYLES, IDS, TOL, make, tokens
+
+# both styles, each with middle and full spans, and the two cross pairings are covered
+# because every scheme is run on every style below
+SCHEME_STYLES = [STYLES[0], STYLES[1], STYLES[3], STYLES[4]]
+SCHEME_IDS = ['t2mlr-mid', 't2mlr-full', 'lrt-shared', 'lrt-layerwise']
+
+
+def doc_tokens(B=2, T=10):
+    idx = tokens(B=B, T=T)
+    idx[0, 4] = 0  # a document start inside the sequence
+    return idx
+
+
+@pytest.mark.parametrize('kw', SCHEME_STYLES, ids=SCHEME_IDS)
+def test_jacobi_converges_to_exact(kw):
+    m = make(reset_token=0, **kw)
+    idx = doc_tokens()
+    T = idx.size(1)
+    exact = m(idx, mode='exact')[0]
+    for D in (T, T + 3):  # D >= T passes: exact everywhere
+        torch.testing.assert_close(m(idx, mode='jacobi', n_iter=D, n_grad=1)[0], exact, **TOL)
+    for k in (1, 3, 6):  # D = k: the first k positions are exact, later ones are not
+        approx = m(idx, mode='jacobi', n_iter=k, n_grad=1)[0]
+        torch.testing.assert_close(approx[:, :k], exact[:, :k], **TOL)
+        assert (approx[:, k:] - exact[:, k:]).abs().max() > 1e-6
+
+
+@pytest.mark.parametrize('kw', SCHEME_STYLES, ids=SCHEME_IDS)
+def test_interleaved_full_stride_is_exact(kw):
+    m = make(reset_token=0, **kw)
+    idx = doc_tokens()
+    torch.testing.assert_close(m(idx, mode='interleaved', n_subsets=idx.size(1))[0],
+                               m(idx, mode='exact')[0], **TOL)
+
+
+@pytest.mark.parametrize('kw', SCHEME_STYLES, ids=SCHEME_IDS)
+@pytest.mark.parametrize('S', [2, 3])
+def test_interleaved_matches_naive_scheme(kw, S):
+    m = make(reset_token=0, **kw)
+    idx = doc_tokens()
+    logits = m(idx, mode='interleaved', n_subsets=S)[0]
+    torch.testing.assert_close(logits, naive_interleaved(m, idx, S), **TOL)
+    # an approximation: it differs from the exact recurrence for S < T
+    assert (logits - m(idx, mode='exact')[0]).abs().max() > 1e-6
+
+
+def test_interleaved_loss_is_mean_of_passes():
+    m = make(**STYLES[0])
+    idx, tgt = tokens(), tokens(seed=7)
+    tgt[:, ::4] = -1  # some positions carry no loss
+    _, loss = m(idx, tgt, mode='interleaved', n_subsets=2)
+    from model import ce_loss
+    l0 = ce_loss(m(idx, mode='jacobi', n_iter=1, n_grad=1)[0], tgt)  # init pass = one zero-state pass
+    logits = m(idx, mode='interleaved', n_subsets=2)[0]
+    l1, l2 = ce_loss(logits[:, 0::2], tgt[:, 0::2]), ce_loss(logits[:, 1::2], tgt[:, 1::2])
+    torch.testing.assert_close(loss, (l0 + l1 + l2) / 3, **TOL)
+
+
+def grads(model):
+    return {n: (p.grad.clone() if p.grad is not None else None) for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize('kw', SCHEME_STYLES, ids=SCHEME_IDS)
+@pytest.mark.parametrize('mode', ['jacobi', 'interleaved'])
+def test_gradients_reach_every_parameter(kw, mode):
+    m = make(**kw).train()
+    idx, tgt = tokens(), tokens(seed=3)
+    _, loss = m(idx, tgt, mode=mode, n_iter=4, n_grad=2, n_subsets=2)
+    loss.backward()
+    for n, p in m.named_parameters():
+        assert p.grad is not None and p.grad.abs().max() > 0, n
+
+
+@pytest.mark.parametrize('kw', [STYLES[0], STYLES[3]], ids=['t2mlr', 'lrt'])
+def test_jacobi_gradient_only_through_last_B(kw):
+    m = make(**kw).train()
+    idx, tgt = tokens(), tokens(seed=3)
+    D, B = 5, 2
+    m.zero_grad()
+    m(idx, tgt, mode='jacobi', n_iter=D, n_grad=B)[1].backward()
+    g_model = grads(m)
+
+    # the same iterations written out with a graph everywhere, detaching explicitly:
+    # the state leaving a pass that is not among the last B is a constant
+    m.zero_grad()
+    T = idx.size(1)
+    x = m.run_blocks(m.wte(idx), 0, m.s - 1, range(T))
+    st = torch.zeros_like(x)
+    for it in range(D):
+        h = m.run_blocks(x, m.s, m.e, range(T), st)
+        if it < D - 1:
+            new = m.shift_states(m.next_state(h, st), idx)
+            st = new.detach() if it < D - B else new
+    out = m.run_blocks(h, m.e + 1, m.config.n_layer - 1, range(T), st)
+    from model import ce_loss
+    ce_loss(m.lm_head(m.ln_f(out)), tgt).backward()
+    g_detached = grads(m)
+    for n in g_model:
+        torch.testing.assert_close(g_model[n], g_detached[n], rtol=0, atol=1e-12, msg=n)
+
+    # and backpropagating through every pass gives different gradients
+    m.zero_grad()
+    m(idx, tgt, mode='jacobi', n_iter=D, n_grad=D)[1].backward()
+    g_full = grads(m)
+    name = 'fusion.g_rec' if kw['recurrence'] == 't2mlr' else 'lrt_fb_v.0.weight'
+    assert (g_full[name] - g_model[name]).abs().max() > 1e-8
+
+
+def test_jacobi_no_grad_iterations_build_no_graph():
+    # the number of autograd nodes does not grow with D when B is fixed
+    m = make(**STYLES[0]).train()
+    idx, tgt = tokens(), tokens(seed=3)
+
+    def n_nodes(loss):
+        seen, stack = set(), [loss.grad_fn]
+        while stack:
+            f = stack.pop()
+            if f is None or f in seen:
+                continue
+            seen.add(f)
+            stack.extend(g for g, _ in f.next_functions)
+        return len(seen)
+
+    a = n_nodes(m(idx, tgt, mode='jacobi', n_iter=3, n_grad=2)[1])
+    b = n_nodes(m(idx, tgt, mode='jacobi', n_iter=9, n_grad=2)[1])
+    c = n_nodes(m(idx, tgt, mode='jacobi', n_iter=9, n_grad=3)[1])
+    assert a == b < c
+
+
+def test_bad_scheme_arguments():
+    m = make(**STYLES[0])
+    with pytest.raises(ValueError, match='n_grad'):
+        m(tokens(), mode='jacobi', n_iter=2, n_grad=3)
+    with pytest.raises(ValueError, match='n_subsets'):
+        m(tokens(T=5), mode='interleaved', n_subsets=6)
+
+
+@pytest.mark.parametrize('kw', SCHEME_STYLES, ids=SCHEME_IDS)
+def test_full_unroll_gradients_match_naive_exact(kw):
+    # Jacobi with D = B = T backpropagates through the exact recurrence: its
+    # gradients must be those of the naive token-by-token reference
+    from model import ce_loss
+    from reference import naive_exact
+    m = make(reset_token=0, **kw).train()
+    idx, tgt = doc_tokens(T=7), tokens(B=2, T=7, seed=5)
+    m.zero_grad()
+    m(idx, tgt, mode='jacobi', n_iter=7, n_grad=7)[1].backward()
+    g_model = grads(m)
+    m.zero_grad()
+    ce_loss(naive_exact(m, idx, grad=True), tgt).backward()
+    for n, g in grads(m).items():
+        torch.testing.assert_close(g_model[n], g, rtol=0, atol=1e-10, msg=n)
