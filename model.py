@@ -104,7 +104,7 @@ class GPTConfig:
 def smollm2_135m_config(**overrides):
     """The shape of SmolLM2-135M (the T2MLR paper's backbone)."""
     args = dict(block_size=2048, vocab_size=49152, n_layer=30, n_head=9, n_kv_head=3,
-                n_embd=576, mlp_hidden=1536, rope_theta=10000.0, norm_eps=1e-5, tie_embeddings=True)
+                n_embd=576, mlp_hidden=1536, rope_theta=100000.0, norm_eps=1e-5, tie_embeddings=True)
     args.update(overrides)
     return GPTConfig(**args)
 
@@ -630,6 +630,14 @@ class GPT(nn.Module):
             raise ValueError(f"unknown mode {mode!r}")
         return fwd + (2 * bwd if train else 0)
 
+    @classmethod
+    def from_pretrained(cls, name_or_path, dtype=torch.float32, **overrides):
+        """A Hugging Face Llama checkpoint (e.g. 'HuggingFaceTB/SmolLM2-135M' or a local
+        folder) as a GPT; overrides are GPTConfig fields (recurrence, rec_start, ...).
+        The recurrence starts at identity: logits equal the pretrained model's.
+        Needs the optional package transformers. See load_hf_llama at the end of the file."""
+        return load_hf_llama(name_or_path, dtype, **overrides)
+
 # -----------------------------------------------------------------------------
 # helpers
 
@@ -693,3 +701,128 @@ def load_checkpoint(path, device='cpu'):
         first = str(e).strip().splitlines()
         raise CheckpointError(f"{path}: weights do not fit the model: {' '.join(first[:2])[:300]}") from None
     return model.to(device), ckpt
+
+# -----------------------------------------------------------------------------
+# retrofit: a pretrained Hugging Face Llama checkpoint (SmolLM2, ...) as a GPT
+
+# our parameter name -> LlamaForCausalLM's ({i}: layer index). Both use the
+# rotate_half RoPE convention on q/k as stored, so no weight is permuted.
+HF_LLAMA_NAMES = {
+    'wte.weight': 'model.embed_tokens.weight',
+    'h.{i}.ln_1.weight': 'model.layers.{i}.input_layernorm.weight',
+    'h.{i}.attn.wq.weight': 'model.layers.{i}.self_attn.q_proj.weight',
+    'h.{i}.attn.wk.weight': 'model.layers.{i}.self_attn.k_proj.weight',
+    'h.{i}.attn.wv.weight': 'model.layers.{i}.self_attn.v_proj.weight',
+    'h.{i}.attn.wo.weight': 'model.layers.{i}.self_attn.o_proj.weight',
+    'h.{i}.ln_2.weight': 'model.layers.{i}.post_attention_layernorm.weight',
+    'h.{i}.mlp.w_gate.weight': 'model.layers.{i}.mlp.gate_proj.weight',
+    'h.{i}.mlp.w_up.weight': 'model.layers.{i}.mlp.up_proj.weight',
+    'h.{i}.mlp.w_down.weight': 'model.layers.{i}.mlp.down_proj.weight',
+    'ln_f.weight': 'model.norm.weight',
+    'lm_head.weight': 'lm_head.weight',
+}
+
+
+def hf_llama_config_args(hf, name):
+    """GPTConfig fields from a transformers config. Anything this GPT would not
+    reproduce exactly (biases, another activation, scaled RoPE, ...) is an error."""
+    def bad(msg):
+        raise CheckpointError(f"{name}: {msg}")
+    if hf.model_type != 'llama':
+        bad(f"model_type {hf.model_type!r} is not a Llama-architecture checkpoint (from_pretrained loads model_type 'llama', e.g. SmolLM2)")
+    if getattr(hf, 'hidden_act', 'silu') != 'silu':
+        bad(f"hidden_act {hf.hidden_act!r} is not supported (the MLP is SwiGLU: silu)")
+    for k in ('attention_bias', 'mlp_bias'):
+        if getattr(hf, k, False):
+            bad(f"{k}=True is not supported (this GPT has no biases)")
+    n_head = hf.num_attention_heads
+    head_dim = getattr(hf, 'head_dim', None) or hf.hidden_size // n_head
+    if head_dim * n_head != hf.hidden_size:
+        bad(f"head_dim={head_dim} is not supported (this GPT needs head_dim * num_attention_heads = hidden_size = {hf.hidden_size})")
+    rope = dict(getattr(hf, 'rope_parameters', None) or {})  # transformers >= 5
+    scaling = rope or dict(getattr(hf, 'rope_scaling', None) or {})  # transformers 4
+    rope_type = scaling.get('rope_type', scaling.get('type', 'default'))
+    if rope_type != 'default':
+        bad(f"rope scaling {rope_type!r} is not supported (only plain RoPE: rope_type 'default')")
+    return dict(block_size=hf.max_position_embeddings, vocab_size=hf.vocab_size,
+                n_layer=hf.num_hidden_layers, n_head=n_head,
+                n_kv_head=getattr(hf, 'num_key_value_heads', None) or n_head,
+                n_embd=hf.hidden_size, mlp_hidden=hf.intermediate_size,
+                rope_theta=float(rope.get('rope_theta', getattr(hf, 'rope_theta', 10000.0))),
+                norm_eps=float(hf.rms_norm_eps), tie_embeddings=bool(hf.tie_word_embeddings))
+
+
+def load_hf_llama(name_or_path, dtype=torch.float32, **overrides):
+    """GPT.from_pretrained. Weights are read in the checkpoint's dtype and copied
+    (exactly, upcast) into a model built in `dtype` (float32 by default; float64
+    builds float64 RoPE tables too). block_size may be overridden; the other
+    backbone fields come from the checkpoint. The recurrence starts at identity:
+    T2MLR's gates g_cur = g_rec = 0 always; LRT gets lrt_identity_init=True unless
+    the caller passes lrt_identity_init=False. T2MLR defaults to rec_gate_gain=1e-2
+    (DESIGN.md 3, fine-tuning). Every failure is one CheckpointError/ImportError line."""
+    import os
+    try:
+        from transformers import AutoConfig, LlamaForCausalLM
+    except ImportError:
+        raise ImportError("GPT.from_pretrained needs the optional package transformers: pip install transformers") from None
+    name = str(name_or_path)
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    local = os.path.isdir(os.path.expanduser(name))
+    if not local and (os.path.isabs(name) or name.startswith(('.', '~')) or os.path.exists(name)):
+        raise CheckpointError(f"no checkpoint folder at {name}")
+    name = os.path.expanduser(name) if local else name
+
+    def one_line(e):
+        return ' '.join(str(e).split())[:300]
+    try:
+        hf_config = AutoConfig.from_pretrained(name)
+    except Exception as e:
+        if local:
+            raise CheckpointError(f"{name}: no readable config.json: {one_line(e)}") from None
+        raise CheckpointError(f"{name!r} is not a local folder and could not be fetched from the Hugging Face Hub "
+                              f"(offline, or no such repo?): {one_line(e)}") from None
+    args = hf_llama_config_args(hf_config, name)
+    fixed = (set(args) - {'block_size'}) & set(overrides)
+    if fixed:
+        raise CheckpointError(f"{name}: {sorted(fixed)} are set by the checkpoint and cannot be overridden")
+    unknown = set(overrides) - set(GPTConfig.__dataclass_fields__)
+    if unknown:
+        raise CheckpointError(f"{name}: unknown GPTConfig fields {sorted(unknown)}")
+    if overrides.get('recurrence') == 'lrt':
+        overrides.setdefault('lrt_identity_init', True)
+    if overrides.get('recurrence') == 't2mlr':
+        overrides.setdefault('rec_gate_gain', 1e-2)
+    config = GPTConfig(**{**args, **overrides})  # invalid overrides: GPTConfig's own ValueError
+
+    try:
+        hf = LlamaForCausalLM.from_pretrained(name, dtype='auto')  # the checkpoint's own dtype
+    except Exception as e:
+        raise CheckpointError(f"{name}: could not load the weights: {one_line(e)}") from None
+    theirs = hf.state_dict()
+    sd = {}
+    for ours, key in HF_LLAMA_NAMES.items():
+        if ours == 'lm_head.weight' and config.tie_embeddings:
+            theirs.pop(key, None)  # the same tensor as the embedding
+            continue
+        for i in (range(config.n_layer) if '{i}' in ours else [None]):
+            k = key.format(i=i)
+            if k not in theirs:
+                raise CheckpointError(f"{name}: the checkpoint has no weight {k}")
+            sd[ours.format(i=i)] = theirs.pop(k)
+    if theirs:
+        raise CheckpointError(f"{name}: weights this GPT has no place for: {sorted(theirs)[:5]}")
+    del hf
+
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64 if dtype == torch.float64 else torch.float32)
+    try:
+        model = GPT(config)  # recurrence parameters initialised at identity
+    finally:
+        torch.set_default_dtype(prev)
+    try:
+        missing, _ = model.load_state_dict(sd, strict=False)  # exact upcast to the model's dtype
+    except RuntimeError as e:
+        raise CheckpointError(f"{name}: weights do not fit the config: {one_line(e)}") from None
+    missing = [k for k in missing if not GPT.is_rec_param(k) and not (k == 'lm_head.weight' and config.tie_embeddings)]
+    assert not missing, f"backbone weights not loaded: {missing}"
+    return model.to(dtype)
