@@ -1,0 +1,21 @@
+# A small LRT model on the built-in parity task (state tracking over Z_2),
+# a few minutes on a 2-core CPU. Data: python prepare.py s5 --group=Z2
+# LRT-shared memory from layer 2 into every layer, interleaved subsets S=2.
+out_dir = 'out/lrt_small'
+dataset = 's5_Z2'
+n_layer = 4
+n_head = 4
+n_kv_head = 4
+n_embd = 64
+recurrence = 'lrt'
+rec_start = 0
+rec_end = 2
+train_mode = 'interleaved'
+n_subsets = 2
+batch_size = 32
+max_iters = 1000
+learning_rate = 2e-3
+min_lr = 2e-4
+warmup_iters = 50
+eval_interval = 250
+log_interval = 50

@@ -1,0 +1,407 @@
+"""
+Train the plain GPT, T2MLR or LRT, with the parallel training scheme of your choice.
+
+One process:
+$ python train.py config/t2mlr_small.py
+DDP (gloo on CPU, NCCL on GPUs):
+$ torchrun --standalone --nproc_per_node=2 train.py config/t2mlr_small.py
+
+train_mode picks how the recurrence is made parallel for training (model.py):
+  'plain'        no recurrence (the baseline; or a recurrent model's backbone alone)
+  'jacobi'       T2MLR's Jacobi iterations: n_iter span passes, gradient through the last n_grad
+  'interleaved'  LRT's strided subsets: n_subsets refinements on a shared key/value buffer
+Evaluation always reports the loss under the training approximation AND under the
+exact sequential recurrence (what generation computes); their gap is the
+approximation error. Judge recurrent models by the exact numbers.
+"""
+
+import json
+import math
+import os
+import random
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import asdict
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from configurator import configure, fail
+from model import GPT, GPTConfig, CheckpointError, load_checkpoint, save_checkpoint
+from prepare import load_meta, load_split
+
+# -----------------------------------------------------------------------------
+# default config values; override with a config file and/or --key=value
+# I/O
+out_dir = 'out'
+eval_interval = 250
+log_interval = 10
+eval_iters = 20          # batches for the approximate (training-scheme) losses
+eval_exact_iters = 4     # batches for the exact losses (token-by-token: slower)
+eval_examples = 1000     # task data: rows per split for accuracy / exact match
+eval_only = False
+always_save_checkpoint = True
+init_from = 'scratch'    # 'scratch' | 'resume' | a Hugging Face Llama name or folder (retrofit)
+seed = 1337
+wandb_log = False
+wandb_project = 't2t-recurrence'
+wandb_run_name = 'run'
+# data (made by prepare.py)
+data_root = 'data'
+dataset = 's5_Z2'
+batch_size = 32          # micro-batch size per process
+block_size = 64          # tokens per sequence (token data); model context (task data: >= longest split)
+gradient_accumulation_steps = 1  # in total across processes
+# model
+n_layer = 4
+n_head = 4
+n_kv_head = 4
+n_embd = 64
+mlp_hidden = 0           # 0 = 8/3 n_embd rounded up to 64
+rope_theta = 10000.0
+norm_eps = 1e-5
+dropout = 0.0
+tie_embeddings = True
+recurrence = 't2mlr'     # 'none' | 't2mlr' | 'lrt'
+rec_start = 0
+rec_end = -1             # -1 = last layer
+rec_residual = True
+rec_proj = True
+rec_gate_gain = 1.0
+lrt_inject = 'both'
+lrt_shared = True
+lrt_identity_init = False
+# training scheme
+train_mode = 'jacobi'    # 'plain' | 'jacobi' | 'interleaved'
+n_iter = 8               # Jacobi: D span passes (the final one included)
+n_grad = 4               # Jacobi: B last passes that carry gradient
+n_subsets = 2            # interleaved: S
+# optimizer
+learning_rate = 1e-3
+max_iters = 2000
+weight_decay = 0.1
+beta1 = 0.9
+beta2 = 0.95
+grad_clip = 1.0          # 0 = off
+rec_lr_mult = 1.0        # lr multiplier of the recurrence's own parameters (retrofit: 100)
+decay_lr = True
+warmup_iters = 100
+lr_decay_iters = -1      # -1 = max_iters
+min_lr = 1e-4
+# system
+device = 'cuda' if torch.cuda.is_available() else 'cpu'
+dtype = 'bfloat16' if torch.cuda.is_available() else 'float32'  # 'float32' | 'bfloat16' | 'float16' | 'float64'
+compile = False
+compile_backend = 'inductor'
+peak_flops = 989e12 if torch.cuda.is_available() else 0.0  # for MFU (H100/H200 bf16 dense); 0 = no MFU
+# -----------------------------------------------------------------------------
+config_keys = [k for k, v in globals().items()
+               if not k.startswith('_') and isinstance(v, (int, float, bool, str, type(None)))]
+configure(globals(), config_keys)
+config = {k: globals()[k] for k in config_keys}
+if train_mode not in ('plain', 'jacobi', 'interleaved'):
+    fail(f"unknown train_mode {train_mode!r}; expected 'plain', 'jacobi' or 'interleaved'")
+if recurrence == 'none' and train_mode != 'plain':
+    fail(f"train_mode={train_mode!r} needs a recurrence; use train_mode='plain' for recurrence='none'")
+if dtype not in ('float32', 'bfloat16', 'float16', 'float64'):
+    fail(f"unknown dtype {dtype!r}")
+# -----------------------------------------------------------------------------
+# processes and devices
+
+ddp = int(os.environ.get('RANK', -1)) != -1
+if ddp:
+    use_cuda = device.startswith('cuda')
+    dist.init_process_group(backend='nccl' if use_cuda else 'gloo')
+    rank, local_rank, world_size = dist.get_rank(), int(os.environ['LOCAL_RANK']), dist.get_world_size()
+    if use_cuda:
+        device = f'cuda:{local_rank}'
+        torch.cuda.set_device(device)
+    master = rank == 0
+    if gradient_accumulation_steps % world_size:
+        fail(f"gradient_accumulation_steps={gradient_accumulation_steps} must be divisible by the {world_size} processes")
+else:
+    rank, world_size, master = 0, 1, True
+accum_local = gradient_accumulation_steps // world_size  # micro-batches this process runs per step
+device_type = 'cuda' if device.startswith('cuda') else 'cpu'
+torch.manual_seed(seed + rank)  # dropout differs per process; the data order is shared (below)
+if device_type == 'cuda':
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16, 'float64': torch.float64}[dtype]
+# bf16/fp16 run as autocast over fp32 weights; float64 (for tests) converts the weights
+autocast = nullcontext() if ptdtype in (torch.float32, torch.float64) else torch.amp.autocast(device_type, dtype=ptdtype)
+if master:
+    os.makedirs(out_dir, exist_ok=True)
+
+# -----------------------------------------------------------------------------
+# data: token streams (language modelling) or fixed-length examples with aligned targets (tasks)
+
+data_dir = os.path.join(data_root, dataset)
+try:
+    meta = load_meta(data_dir)
+except (FileNotFoundError, ValueError) as e:
+    fail(str(e))
+is_task = meta['format'] == 'examples'
+if is_task:
+    train_x, train_y = load_split(data_dir, 'train', meta)
+    seq_len = train_x.shape[1]
+    task_splits = [s for s in meta['splits'] if s != 'train']
+    block_size = max(block_size, max(meta['splits'][s]['len'] for s in meta['splits']))
+else:
+    train_data = load_split(data_dir, 'train', meta)
+    seq_len = block_size
+tokens_per_iter = gradient_accumulation_steps * batch_size * seq_len
+
+# The order of training batches comes from one generator that every process holds
+# in the same state: each step draws the whole global batch and each process takes
+# its share. So N processes see exactly what one process sees (same global batch),
+# and the generator's state in the checkpoint resumes the data order exactly.
+data_gen = torch.Generator().manual_seed(seed)
+
+
+def draw_batch(gen, split, B):
+    """Returns x, y: (B, seq_len) int64, y aligned with x (-1 = no loss)."""
+    if is_task:
+        X, Y = (train_x, train_y) if split == 'train' else load_split(data_dir, split, meta)
+        rows = torch.randint(len(X), (B,), generator=gen).numpy()
+        rows.sort()  # memmap-friendly; the set is what matters
+        x, y = torch.from_numpy(X[rows].astype(np.int64)), torch.from_numpy(Y[rows].astype(np.int64))
+    else:
+        data = train_data if split == 'train' else load_split(data_dir, split, meta)
+        ix = torch.randint(len(data) - seq_len - 1, (B,), generator=gen).tolist()
+        x = torch.from_numpy(np.stack([data[i:i + seq_len].astype(np.int64) for i in ix]))
+        y = torch.from_numpy(np.stack([data[i + 1:i + 1 + seq_len].astype(np.int64) for i in ix]))
+    return x.to(device), y.to(device)
+
+
+def train_batches():
+    """The micro-batches of this process for one step."""
+    global_batch = [draw_batch(data_gen, 'train', batch_size) for _ in range(gradient_accumulation_steps)]
+    return global_batch[rank * accum_local:(rank + 1) * accum_local]
+
+# -----------------------------------------------------------------------------
+# model, optimizer, resume
+
+model_args = dict(block_size=block_size, vocab_size=meta['vocab_size'], n_layer=n_layer, n_head=n_head,
+                  n_kv_head=n_kv_head, n_embd=n_embd, mlp_hidden=mlp_hidden, rope_theta=rope_theta,
+                  norm_eps=norm_eps, dropout=dropout, tie_embeddings=tie_embeddings, recurrence=recurrence,
+                  rec_start=rec_start, rec_end=rec_end, reset_token=meta.get('reset_token'),
+                  rec_residual=rec_residual, rec_proj=rec_proj, rec_gate_gain=rec_gate_gain,
+                  lrt_inject=lrt_inject, lrt_shared=lrt_shared, lrt_identity_init=lrt_identity_init)
+iter_num, best_val_loss, ckpt = 0, 1e9, None
+ckpt_path = os.path.join(out_dir, 'ckpt.pt')
+try:
+    if init_from == 'scratch':
+        model = GPT(GPTConfig(**model_args))
+    elif init_from == 'resume':
+        model, ckpt = load_checkpoint(ckpt_path)
+        for k in ('n_layer', 'n_embd', 'recurrence', 'vocab_size'):
+            if ckpt['model_args'][k] != model_args[k]:
+                print(f"note: resuming with the checkpoint's {k}={ckpt['model_args'][k]} (config says {model_args[k]})")
+        model_args = ckpt['model_args']
+        iter_num, best_val_loss = ckpt['iter_num'], ckpt['best_val_loss']
+    else:  # retrofit a pretrained Llama-family checkpoint
+        rec = {k: model_args[k] for k in model_args if k.startswith(('rec', 'lrt_')) or k in ('dropout', 'reset_token')}
+        model = GPT.from_pretrained(init_from, **rec)
+        model_args = asdict(model.config)
+except (CheckpointError, ValueError, ImportError) as e:
+    fail(str(e))
+if ptdtype == torch.float64:
+    model = model.double()
+model.to(device)
+raw_model = model  # unwrapped and uncompiled: eval, generation and checkpoints use it
+groups = raw_model.param_groups(weight_decay, rec_lr_mult)
+fused = device_type == 'cuda'
+optimizer = torch.optim.AdamW(groups, lr=learning_rate, betas=(beta1, beta2), fused=fused)
+if ckpt is not None:
+    try:
+        optimizer.load_state_dict(ckpt['optimizer'])
+        data_gen.set_state(ckpt['data_gen'])
+        torch.set_rng_state(ckpt['rng']['torch'])
+        np.random.set_state(ckpt['rng']['numpy'])
+        random.setstate(ckpt['rng']['python'])
+        if device_type == 'cuda' and ckpt['rng'].get('cuda') is not None:
+            torch.cuda.set_rng_state(ckpt['rng']['cuda'])
+    except (KeyError, ValueError, RuntimeError) as e:
+        fail(f"{ckpt_path}: cannot resume the optimizer/data state ({type(e).__name__}: {e})")
+scaler = torch.amp.GradScaler(device_type, enabled=ptdtype == torch.float16)
+if compile:
+    print(f"compiling the model ({compile_backend})...")
+    model = torch.compile(model, backend=compile_backend)
+if ddp:
+    model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None)
+
+scheme = dict(mode=train_mode, n_iter=n_iter, n_grad=n_grad, n_subsets=n_subsets)
+flops_per_iter = raw_model.flops_per_token(seq_len, **scheme) * tokens_per_iter
+if master:
+    n_rec = sum(p.numel() for n, p in raw_model.named_parameters() if GPT.is_rec_param(n))
+    print(f"{raw_model.get_num_params() / 1e6:.3f}M parameters ({n_rec} recurrent), "
+          f"recurrence={raw_model.config.recurrence} s={raw_model.config.rec_start} e={raw_model.config.rec_end}, "
+          f"train_mode={train_mode}, {tokens_per_iter} tokens/iter, {world_size} process(es) on {device}")
+
+
+def get_lr(it):
+    """Linear warmup, then cosine decay to min_lr."""
+    decay_iters = max_iters if lr_decay_iters < 0 else lr_decay_iters
+    if not decay_lr:
+        return learning_rate
+    if it < warmup_iters:
+        return learning_rate * (it + 1) / (warmup_iters + 1)
+    if it > decay_iters:
+        return min_lr
+    ratio = (it - warmup_iters) / max(1, decay_iters - warmup_iters)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
+
+# -----------------------------------------------------------------------------
+# evaluation: training approximation vs exact recurrence
+
+@torch.no_grad()
+def evaluate():
+    """Returns a dict of metrics. Runs on the raw model (never through the DDP
+    wrapper, whose forward would start a collective only this process joins)."""
+    raw_model.eval()
+    out = {}
+    modes = [('approx', train_mode)] + ([('exact', 'exact')] if raw_model.config.recurrence != 'none' else [])
+    splits = ['train', 'val'] if not is_task else ['train', 'val']
+    for split in splits:
+        for tag, mode in modes:
+            gen = torch.Generator().manual_seed(1234)  # the same batches at every eval
+            n = eval_iters if tag == 'approx' else eval_exact_iters
+            losses = []
+            for _ in range(n):
+                x, y = draw_batch(gen, split, batch_size)
+                with autocast:
+                    losses.append(raw_model(x, y, mode=mode, n_iter=n_iter, n_grad=n_grad, n_subsets=n_subsets)[1].item())
+            out[f'{split}/loss_{tag}'] = sum(losses) / len(losses)
+        if raw_model.config.recurrence == 'none':
+            out[f'{split}/loss_exact'] = out[f'{split}/loss_approx']
+        bpt = meta.get('bytes_per_token', {}).get(split)
+        if bpt:
+            out[f'{split}/bpb_exact'] = out[f'{split}/loss_exact'] / math.log(2) / bpt
+    if is_task:
+        for split in task_splits:
+            X, Y = load_split(data_dir, split, meta)
+            n = min(len(X), eval_examples)
+            for tag, mode in modes:
+                acc, em = task_accuracy(X[:n], Y[:n], mode)
+                out[f'{split}/acc_{tag}'], out[f'{split}/em_{tag}'] = acc, em
+            if raw_model.config.recurrence == 'none':
+                out[f'{split}/acc_exact'], out[f'{split}/em_exact'] = out[f'{split}/acc_approx'], out[f'{split}/em_approx']
+    raw_model.train()
+    return out
+
+
+@torch.no_grad()
+def task_accuracy(X, Y, mode):
+    """Token accuracy over labelled positions and whole-sequence exact match."""
+    right = total = em = 0
+    for i in range(0, len(X), 256):
+        x = torch.from_numpy(X[i:i + 256].astype(np.int64)).to(device)
+        y = torch.from_numpy(Y[i:i + 256].astype(np.int64)).to(device)
+        with autocast:
+            logits = raw_model(x, mode=mode, n_iter=n_iter, n_grad=n_grad, n_subsets=n_subsets)[0]
+        ok = (logits.argmax(-1) == y) | (y == -1)
+        right += (ok & (y != -1)).sum().item()
+        total += (y != -1).sum().item()
+        em += ok.all(1).sum().item()
+    return right / max(total, 1), em / len(X)
+
+
+def log_json(record):
+    with open(os.path.join(out_dir, 'log.jsonl'), 'a') as f:
+        f.write(json.dumps(record) + '\n')
+
+
+def checkpoint():
+    rng = dict(torch=torch.get_rng_state(), numpy=np.random.get_state(), python=random.getstate(),
+               cuda=torch.cuda.get_rng_state() if device_type == 'cuda' else None)
+    return dict(model=raw_model.state_dict(), model_args=asdict(raw_model.config), optimizer=optimizer.state_dict(),
+                iter_num=iter_num, best_val_loss=best_val_loss, config=config, data_gen=data_gen.get_state(),
+                rng=rng, version=1)
+
+
+def print_eval(m):
+    parts = []
+    for split in ['train', 'val']:
+        a, e = m[f'{split}/loss_approx'], m[f'{split}/loss_exact']
+        parts.append(f"{split} loss {a:.4f} (exact {e:.4f}, gap {a - e:+.4f})")
+        if f'{split}/bpb_exact' in m:
+            parts.append(f"{split} bpb {m[f'{split}/bpb_exact']:.4f}")
+    print(f"eval step {iter_num}: " + ", ".join(parts))
+    if is_task:
+        for split in task_splits:
+            print(f"  {split}: acc {m[f'{split}/acc_exact']:.4f} em {m[f'{split}/em_exact']:.4f} (exact)"
+                  f" | acc {m[f'{split}/acc_approx']:.4f} em {m[f'{split}/em_approx']:.4f} ({train_mode})")
+
+# -----------------------------------------------------------------------------
+# training loop
+
+if wandb_log and master:
+    import wandb
+    wandb.init(project=wandb_project, name=wandb_run_name, config=config)
+
+t0 = time.time()
+try:
+    while True:
+        lr = get_lr(iter_num)
+        for g in optimizer.param_groups:
+            g['lr'] = lr * g['lr_mult']
+
+        if iter_num % eval_interval == 0 or eval_only or iter_num == max_iters:
+            if master:
+                metrics = evaluate()
+                print_eval(metrics)
+                log_json({'iter': iter_num, 'type': 'eval', **metrics})
+                if wandb_log:
+                    wandb.log({'iter': iter_num, **metrics})
+                val = metrics['val/loss_exact']
+                if val < best_val_loss or always_save_checkpoint:
+                    best_val_loss = min(best_val_loss, val)
+                    if iter_num > 0 and not eval_only:
+                        save_checkpoint(checkpoint(), ckpt_path)
+                        print(f"saved checkpoint to {ckpt_path}")
+            t0 = time.time()  # step timing excludes evaluation
+        if eval_only or iter_num >= max_iters:
+            break
+
+        # one optimisation step over the global batch
+        for micro, (x, y) in enumerate(train_batches()):
+            if ddp:  # synchronise gradients on the last micro-step only
+                model.require_backward_grad_sync = micro == accum_local - 1
+            with autocast:
+                _, loss = model(x, y, **scheme)
+                loss = loss / accum_local
+            scaler.scale(loss).backward()
+        if grad_clip > 0:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        iter_num += 1
+
+        if iter_num % log_interval == 0:
+            lossf = loss.detach() * accum_local
+            if ddp:
+                dist.all_reduce(lossf, op=dist.ReduceOp.AVG)
+            if master:
+                dt = (time.time() - t0) / log_interval
+                t0 = time.time()
+                mfu = flops_per_iter / dt / peak_flops if peak_flops > 0 else None
+                print(f"iter {iter_num}: loss {lossf.item():.4f}, time {dt * 1000:.1f}ms, "
+                      f"{tokens_per_iter / dt:,.0f} tok/s" + (f", mfu {100 * mfu:.1f}%" if mfu else ""))
+                log_json({'iter': iter_num, 'type': 'train', 'loss': lossf.item(), 'lr': lr,
+                          'dt_ms': dt * 1000, 'tok_per_s': tokens_per_iter / dt, 'mfu': mfu})
+                if wandb_log:
+                    wandb.log({'iter': iter_num, 'train/loss': lossf.item(), 'lr': lr, 'mfu': mfu})
+except KeyboardInterrupt:
+    if master and iter_num > 0:
+        save_checkpoint(checkpoint(), ckpt_path)
+        print(f"\ninterrupted at step {iter_num}: saved checkpoint to {ckpt_path} (resume with --init_from=resume)")
+    sys.exit(130)
+finally:
+    if ddp:
+        dist.destroy_process_group()
