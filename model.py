@@ -192,7 +192,7 @@ class Attention(nn.Module):
         # LRT gated KV projection: (g_loc, g_fb) = 2 sigmoid(W_g a), one pair per KV head
         self.lrt_gate = nn.Linear(d, 2 * self.n_kv_head, bias=False) if reads_memory else None
 
-    def forward(self, a, rope, pos, mask, cache, layer, mem_kv=None):
+    def forward(self, a, rope, pos, mask, cache, layer, mem_kv=None, rec_on=None):
         # a: (B, T, d) normed block input at positions pos (a python range)
         B, T, _ = a.shape
         q = self.wq(a).view(B, T, self.n_head, self.hd)
@@ -202,8 +202,8 @@ class Attention(nn.Module):
             # LRT (DESIGN.md 4): k_t = g_loc * W_k a + g_fb * W_fb_k m_{t-1}, same for v.
             # A gated addition to the token's OWN key/value: the cache keeps its shape.
             g = 2 * torch.sigmoid(self.lrt_gate(a)).view(B, T, 2, self.n_kv_head, 1)
-            k = g[:, :, 0] * k + g[:, :, 1] * mem_kv[0]
-            v = g[:, :, 0] * v + g[:, :, 1] * mem_kv[1]
+            k = where_on(rec_on, g[:, :, 0] * k + g[:, :, 1] * mem_kv[0], k)
+            v = where_on(rec_on, g[:, :, 0] * v + g[:, :, 1] * mem_kv[1], v)
         cos, sin = rope
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, hd)
@@ -240,10 +240,10 @@ class Block(nn.Module):
             self.lrt_alpha = nn.Parameter(torch.ones(()))
             self.lrt_gamma = nn.Parameter(torch.full((), 0.0 if config.lrt_identity_init else 0.1))
 
-    def forward(self, x, rope, pos, mask, cache, layer, mem=None, mem_kv=None):
+    def forward(self, x, rope, pos, mask, cache, layer, mem=None, mem_kv=None, rec_on=None):
         if mem is not None and self.lrt_alpha is not None:
-            x = self.lrt_alpha * x + self.lrt_gamma * mem
-        x = x + self.drop(self.attn(self.ln_1(x), rope, pos, mask, cache, layer, mem_kv))
+            x = where_on(rec_on, self.lrt_alpha * x + self.lrt_gamma * mem, x)
+        x = x + self.drop(self.attn(self.ln_1(x), rope, pos, mask, cache, layer, mem_kv, rec_on))
         x = x + self.drop(self.mlp(self.ln_2(x)))
         return x
 
@@ -338,14 +338,17 @@ class GPT(nn.Module):
     # ------------------------------------------------------------------
     # the primitive: run blocks a..b at positions pos
 
-    def run_blocks(self, x, a, b, pos, state_in=None, cache=None):
+    def run_blocks(self, x, a, b, pos, state_in=None, cache=None, rec_mask=None):
         """x: (B, len(pos), d), the residual stream at the input of block a, for the
         tokens at original positions pos (a python range). state_in: (B, len(pos), d),
         the state each of those tokens reads (R_{t-1} or m_{t-1}); None runs the plain
         model (no fusion, no injection). cache: a KVCache to write keys into and attend
-        over (None: the positions are 0..T-1 and attend among themselves)."""
+        over (None: the positions are 0..T-1 and attend among themselves).
+        rec_mask: optional (B, len(pos)) bool, False where a token runs as the plain
+        model even though it has a state (T2MLR's prompt positions in fine-tuning)."""
         if a > b:
             return x
+        rec_on = None if rec_mask is None else rec_mask.unsqueeze(-1)  # (B, T, 1)
         rope = (self.rope_cos[pos.start:pos.stop:pos.step], self.rope_sin[pos.start:pos.stop:pos.step])
         mask = None  # causal among x itself, or a single query that sees the whole prefix
         if cache is not None and len(pos) > 1 and not (pos.start == 0 and pos.step == 1):
@@ -356,7 +359,7 @@ class GPT(nn.Module):
         shared_kv = None
         for i in range(a, b + 1):
             if state_in is not None and i == self.s and self.fusion is not None:
-                x = self.fusion(x, state_in)  # T2MLR: fuse at the input of block s
+                x = where_on(rec_on, self.fusion(x, state_in), x)  # T2MLR: fuse at the input of block s
             mem = mem_kv = None
             if state_in is not None and self.rec == 'lrt' and i >= self.s:
                 mem = state_in  # LRT: every block >= s reads m_{t-1}
@@ -367,7 +370,7 @@ class GPT(nn.Module):
                         mem_kv = shared_kv
                     else:
                         mem_kv = self._fb_kv(i - self.s, mem)
-            x = self.h[i](x, rope, pos, mask, cache, i, mem, mem_kv)
+            x = self.h[i](x, rope, pos, mask, cache, i, mem, mem_kv, rec_on)
         return x
 
     def _fb_kv(self, j, mem):
@@ -385,16 +388,20 @@ class GPT(nn.Module):
         # LRT: m_t = rmsnorm(h^(e)_t), no weight
         return F.rms_norm(h, (h.size(-1),), eps=self.config.norm_eps)
 
-    def shift_states(self, states, idx):
+    def shift_states(self, states, idx, rec_mask=None):
         """states: (B, T, d) produced by tokens 0..T-1 -> (B, T, d) read by tokens 0..T-1:
         shift(X)[:, t] = X[:, t-1], zero at t = 0 and at document starts (reset token)."""
         out = F.pad(states[:, :-1], (0, 0, 1, 0))
-        return self._reset(out, idx)
+        return self._reset(out, idx, rec_mask)
 
-    def _reset(self, state_in, idx):
-        if self.config.reset_token is None:
-            return state_in
-        return state_in * (idx != self.config.reset_token).unsqueeze(-1).to(state_in.dtype)
+    def _reset(self, state_in, idx, rec_mask=None):
+        """Zero the state read at document starts, and where the recurrence is off
+        (so a plain position also hands on the plain state next_state(h, 0))."""
+        if self.config.reset_token is not None:
+            state_in = state_in * (idx != self.config.reset_token).unsqueeze(-1).to(state_in.dtype)
+        if rec_mask is not None:
+            state_in = state_in * rec_mask.unsqueeze(-1).to(state_in.dtype)
+        return state_in
 
     def _check(self, idx):
         T = idx.size(1)
@@ -408,8 +415,9 @@ class GPT(nn.Module):
     # ------------------------------------------------------------------
     # forward passes
 
-    def forward(self, idx, targets=None, mode='exact', n_iter=8, n_grad=4, n_subsets=2):
+    def forward(self, idx, targets=None, mode='exact', n_iter=8, n_grad=4, n_subsets=2, rec_mask=None):
         """idx, targets: (B, T) token ids (targets -1 = no loss). Returns (logits (B,T,V), loss).
+        rec_mask: optional (B, T) bool, where the recurrence is on (default: everywhere).
         mode: 'plain'       the backbone alone, recurrence bypassed
               'exact'       the exact sequential recurrence (what generation computes)
               'jacobi'      Jacobi iterations, n_iter span passes, gradient through the last n_grad
@@ -420,14 +428,14 @@ class GPT(nn.Module):
             x = self.run_blocks(self.drop(self.wte(idx)), 0, self.config.n_layer - 1, range(idx.size(1)))
             return self._logits_loss(x, targets)
         if mode == 'exact':
-            return self.forward_exact(idx, targets)
+            return self.forward_exact(idx, targets, rec_mask)
         if mode == 'jacobi':
-            return self.forward_jacobi(idx, targets, n_iter, n_grad)
+            return self.forward_jacobi(idx, targets, n_iter, n_grad, rec_mask)
         if mode == 'interleaved':
-            return self.forward_interleaved(idx, targets, n_subsets)
+            return self.forward_interleaved(idx, targets, n_subsets, rec_mask)
         raise ValueError(f"unknown mode {mode!r}; expected 'plain', 'exact', 'jacobi' or 'interleaved'")
 
-    def _exact(self, idx, cache):
+    def _exact(self, idx, cache, rec_mask=None):
         """Exact recurrence (DESIGN.md 5). Below/above segments run in parallel over the
         sequence; only the span runs token by token. Returns (x_out, last_state)."""
         B, T = idx.shape
@@ -436,20 +444,21 @@ class GPT(nn.Module):
         state = x.new_zeros(B, 1, self.config.n_embd)  # R_{-1} = 0
         hs, ins = [], []
         for t in range(T):
-            st = self._reset(state, idx[:, t:t + 1])  # (B, 1, d) what token t reads
-            h = self.run_blocks(x[:, t:t + 1], self.s, self.e, range(t, t + 1), st, cache)
+            m = None if rec_mask is None else rec_mask[:, t:t + 1]
+            st = self._reset(state, idx[:, t:t + 1], m)  # (B, 1, d) what token t reads
+            h = self.run_blocks(x[:, t:t + 1], self.s, self.e, range(t, t + 1), st, cache, m)
             state = self.next_state(h, st)
             hs.append(h)
             ins.append(st)
         h, state_in = torch.cat(hs, 1), torch.cat(ins, 1)
-        x = self.run_blocks(h, self.e + 1, L - 1, range(T), state_in, cache)
+        x = self.run_blocks(h, self.e + 1, L - 1, range(T), state_in, cache, rec_mask)
         return x, state[:, 0]
 
-    def forward_exact(self, idx, targets=None):
-        x, _ = self._exact(idx, KVCache(self.config.n_layer, idx.size(1)))
+    def forward_exact(self, idx, targets=None, rec_mask=None):
+        x, _ = self._exact(idx, KVCache(self.config.n_layer, idx.size(1)), rec_mask)
         return self._logits_loss(x, targets)
 
-    def _jacobi(self, idx, n_iter, n_grad, cache=None):
+    def _jacobi(self, idx, n_iter, n_grad, cache=None, rec_mask=None):
         """Jacobi fixed-point iterations over the span (DESIGN.md 6). n_iter = D span
         passes in all, the final one included; only the last n_grad = B carry gradient.
         After k passes positions 0..k-1 are exact, so n_iter >= T is exact everywhere.
@@ -465,18 +474,18 @@ class GPT(nn.Module):
         for it in range(n_iter):
             # 2. early iterations build no graph: only the last n_grad backpropagate
             with torch.set_grad_enabled(grad and it >= n_iter - n_grad):
-                h = self.run_blocks(x, self.s, self.e, range(T), state_in, cache)
+                h = self.run_blocks(x, self.s, self.e, range(T), state_in, cache, rec_mask)
                 if it < n_iter - 1:
-                    state_in = self.shift_states(self.next_state(h, state_in), idx)
+                    state_in = self.shift_states(self.next_state(h, state_in), idx, rec_mask)
         # 3. final pass continues through the layers above with the state it read
-        x = self.run_blocks(h, self.e + 1, self.config.n_layer - 1, range(T), state_in, cache)
+        x = self.run_blocks(h, self.e + 1, self.config.n_layer - 1, range(T), state_in, cache, rec_mask)
         return x, state_in, h
 
-    def forward_jacobi(self, idx, targets=None, n_iter=8, n_grad=4):
-        x, _, _ = self._jacobi(idx, n_iter, n_grad)
+    def forward_jacobi(self, idx, targets=None, n_iter=8, n_grad=4, rec_mask=None):
+        x, _, _ = self._jacobi(idx, n_iter, n_grad, None, rec_mask)
         return self._logits_loss(x, targets)
 
-    def forward_interleaved(self, idx, targets=None, n_subsets=2):
+    def forward_interleaved(self, idx, targets=None, n_subsets=2, rec_mask=None):
         """Interleaved subset refinement (DESIGN.md 7). Subset i = positions t % S == i.
         Returns (logits, loss): logits at each position from the pass that refined it,
         loss = (L_0 + sum_i L_i) / (S + 1)."""
@@ -488,17 +497,18 @@ class GPT(nn.Module):
         xs = self.run_blocks(self.drop(self.wte(idx)), 0, self.s - 1, range(T))  # below: once
         # 1. init pass with zero memory; keep keys/values and the source states
         zero = xs.new_zeros(B, T, self.config.n_embd)
-        h = self.run_blocks(xs, self.s, self.e, range(T), zero, buf)
+        h = self.run_blocks(xs, self.s, self.e, range(T), zero, buf, rec_mask)
         states = self.next_state(h, zero)  # (B, T, d) latest state produced by each token
-        logits0, loss0 = self._logits_loss(self.run_blocks(h, self.e + 1, L - 1, range(T), zero, buf), targets)
+        logits0, loss0 = self._logits_loss(self.run_blocks(h, self.e + 1, L - 1, range(T), zero, buf, rec_mask), targets)
         logits, losses = torch.empty_like(logits0), [loss0]
         # 2. refine the subsets in order; each sees the states refined before it
         for i in range(S):
             P = range(i, T, S)
-            st = self.shift_states(states, idx)[:, i::S]  # memory shift(h_latest) at P
-            h = self.run_blocks(xs[:, i::S], self.s, self.e, P, st, buf)
+            m = None if rec_mask is None else rec_mask[:, i::S]
+            st = self.shift_states(states, idx, rec_mask)[:, i::S]  # memory shift(h_latest) at P
+            h = self.run_blocks(xs[:, i::S], self.s, self.e, P, st, buf, m)
             states = states.slice_scatter(self.next_state(h, st), dim=1, start=i, end=T, step=S)
-            out = self.run_blocks(h, self.e + 1, L - 1, P, st, buf)
+            out = self.run_blocks(h, self.e + 1, L - 1, P, st, buf, m)
             logits_i, loss_i = self._logits_loss(out, None if targets is None else targets[:, i::S])
             logits[:, i::S] = logits_i
             losses.append(loss_i)
@@ -640,6 +650,13 @@ class GPT(nn.Module):
 
 # -----------------------------------------------------------------------------
 # helpers
+
+def where_on(rec_on, new, old):
+    """new where the recurrence is on (rec_on: (B, T, 1) bool, None = everywhere), else old."""
+    if rec_on is None:
+        return new
+    return torch.where(rec_on.view(rec_on.shape + (1,) * (new.dim() - rec_on.dim())), new, old)
+
 
 def ce_loss(logits, targets):
     """Mean cross-entropy over positions with target != -1 (0 if there are none)."""

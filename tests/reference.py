@@ -30,7 +30,7 @@ def rope(x, theta, positions=None):
     return torch.cat([a * c - b * s, b * c + a * s], -1)
 
 
-def attention(model, i, a, mem):
+def attention(model, i, a, mem, on=None):
     # a: (T, d) normed input of block i for ONE sequence; mem: (T, d) or None
     c, att = model.config, model.h[i].attn
     T, hd = a.shape[0], c.n_embd // c.n_head
@@ -43,8 +43,9 @@ def attention(model, i, a, mem):
         fv = (mem @ model.lrt_fb_v[j].weight.T).view(T, c.n_kv_head, hd)
         g = 2 * torch.sigmoid(a @ att.lrt_gate.weight.T)  # (T, 2*Hkv): first Hkv local, then feedback
         gl, gf = g[:, :c.n_kv_head, None], g[:, c.n_kv_head:, None]
-        k = gl * k + gf * fk
-        v = gl * v + gf * fv
+        kr, vr = gl * k + gf * fk, gl * v + gf * fv
+        k = kr if on is None else torch.where(on[:, None, None], kr, k)
+        v = vr if on is None else torch.where(on[:, None, None], vr, v)
     q, k = rope(q, c.rope_theta), rope(k, c.rope_theta)
     rep = c.n_head // c.n_kv_head
     k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
@@ -56,11 +57,13 @@ def attention(model, i, a, mem):
     return torch.cat(ys, -1) @ att.wo.weight.T
 
 
-def block(model, i, x, mem):
+def block(model, i, x, mem, on=None):
+    # on: (T,) bool, where the recurrence is on (None: everywhere)
     c, b = model.config, model.h[i]
     if mem is not None and b.lrt_alpha is not None:
-        x = b.lrt_alpha * x + b.lrt_gamma * mem
-    x = x + attention(model, i, rms(x, b.ln_1.weight, c.norm_eps), mem)
+        inj = b.lrt_alpha * x + b.lrt_gamma * mem
+        x = inj if on is None else torch.where(on[:, None], inj, x)
+    x = x + attention(model, i, rms(x, b.ln_1.weight, c.norm_eps), mem, on)
     a = rms(x, b.ln_2.weight, c.norm_eps)
     m = b.mlp
     silu = lambda z: z * torch.sigmoid(z)
@@ -76,7 +79,7 @@ def fuse(model, h, R):
     return h + torch.tanh(f.g_cur.to(h.dtype)) * sc * h + torch.tanh(f.g_rec.to(h.dtype)) * sr * r
 
 
-def full_model(model, ids, states):
+def full_model(model, ids, states, on=None):
     """Run every layer on ONE sequence ids (T,), position j reading states[j] (T, d).
     Returns (logits (T, V), h^(rec_end) (T, d))."""
     c = model.config
@@ -84,9 +87,10 @@ def full_model(model, ids, states):
     h_e = None
     for i in range(c.n_layer):
         if c.recurrence == 't2mlr' and i == c.rec_start:
-            x = fuse(model, x, states)
+            f = fuse(model, x, states)
+            x = f if on is None else torch.where(on[:, None], f, x)
         mem = states if (c.recurrence == 'lrt' and i >= c.rec_start) else None
-        x = block(model, i, x, mem)
+        x = block(model, i, x, mem, on)
         if i == c.rec_end:
             h_e = x
     return rms(x, model.ln_f.weight, c.norm_eps) @ model.lm_head.weight.T, h_e
@@ -101,22 +105,24 @@ def next_state(model, h, R_prev):
     return rms(h, None, c.norm_eps)
 
 
-def naive_exact(model, idx, grad=False):
+def naive_exact(model, idx, grad=False, rec_mask=None):
     """idx: (B, T). Returns logits (B, T, V) of the exact sequential recurrence
     (differentiable with grad=True, for gradient checks)."""
     c = model.config
     out = []
     with torch.set_grad_enabled(grad):
-        for ids in idx:
+        for b, ids in enumerate(idx):
             T = ids.numel()
+            on = None if rec_mask is None else rec_mask[b]
             zero = torch.zeros(c.n_embd, dtype=model.wte.weight.dtype)
             states, rows = [], []  # states[j]: the state token j reads
             prev = zero  # state produced by token t-1
             for t in range(T):
                 reset = t == 0 or (c.reset_token is not None and ids[t].item() == c.reset_token)
-                states.append(zero if reset else prev)
+                off = on is not None and not on[t]  # a plain position reads no state
+                states.append(zero if reset or off else prev)
                 S = torch.stack(states)
-                logits, h_e = full_model(model, ids[:t + 1], S)
+                logits, h_e = full_model(model, ids[:t + 1], S, None if on is None else on[:t + 1])
                 rows.append(logits[t])
                 if c.recurrence != 'none':
                     prev = next_state(model, h_e[t], S[t])
