@@ -1,0 +1,542 @@
+"""
+What the latent recurrence costs, against the plain GPT, in one run:
+
+  1. training step  forward(mode) + backward + AdamW, for plain, T2MLR+Jacobi(D, B),
+                    LRT+interleaved(S) and the two cross pairings
+  2. decode         per-token latency of decode_step with the KV cache
+  3. prefill        a prompt through the plain, exact and k-iteration Jacobi prefill
+
+Every model is built from the SAME GPTConfig shape, only `recurrence` (and its
+placement) changes, so every ratio is "same backbone, recurrence on / off". Next to
+each measured ratio stands the ratio model.flops_per_token predicts: where the two
+differ, the gap is not arithmetic (Python dispatch, sequential execution, memory).
+
+    python bench.py                                # CPU, small model, < 3 min on 2 cores
+    python bench.py --device=cuda --compile=True   # GPU, bf16 autocast
+    python bench.py config/my_bench.py --D=16 --out=bench.json --plot=bench.png
+    python bench.py --quick=True                   # tiny model, few reps (tests)
+
+Prints readable tables, then ONE JSON object with every figure on the last line.
+"""
+
+import ast
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+
+# -----------------------------------------------------------------------------
+# config: every global below can be set by a config file or --key=value
+device = 'cpu'          # 'cpu' | 'cuda' | 'cuda:1' ...
+dtype = 'auto'          # 'auto' = bfloat16 autocast on cuda, float32 on cpu | 'float32' | 'bfloat16'
+compile = False         # torch.compile the training forward (slow to warm up; meant for cuda)
+threads = 0             # torch CPU threads; 0 = torch's default
+seed = 1337
+quick = False           # tiny model and few reps, for the tests (keys set explicitly still win)
+# the backbone, shared by every variant (an 8.5M-parameter Llama-style GPT)
+n_layer = 8
+n_head = 4
+n_kv_head = 4
+n_embd = 256
+vocab_size = 8192       # keeps the LM head at ~1/4 of the forward, about the share it has in SmolLM2-135M
+# recurrence placement; -1 = scaled from the papers
+t2mlr_start = -1        # T2MLR's best 135M setting recurs over layers 13-18 of 30 (1-based):
+t2mlr_end = -1          #   s = floor(12 L / 30), e = ceil(18 L / 30) - 1  (L=8: blocks 3..4)
+lrt_start = 0           # LRT: every block reads the memory
+lrt_end = -1            # LRT's source layer sits at ~0.6 L (12 of 20): e = ceil(0.6 L) - 1
+# 1. training
+D = 8                   # Jacobi iterations (d_forward)
+B = 4                   # Jacobi iterations that carry gradient (d_backward)
+S = 2                   # interleaved subsets
+batch_size = 4
+seq_len = 128
+train_warmup = 2        # untimed steps per variant (allocator, caches, compile)
+train_reps = 5          # timed steps per variant; the median is reported
+learning_rate = 1e-4
+weight_decay = 0.1
+# 2. decode
+decode_batches = (1, 8)
+gen_lens = (64, 256)    # tokens decoded after the prompt
+prompt_len = 16
+decode_reps = 3
+# 3. prefill
+prefill_len = 128
+prefill_batch = 1
+prefill_iters = -1      # k of the Jacobi prefill; -1 = D
+prefill_reps = 5
+# output
+out = ''                # also write the JSON object to this file
+plot = ''               # draw measured vs predicted ratios into this .png (needs matplotlib)
+profile = False         # print the top ops (torch.profiler) of one step of every variant
+
+QUICK = dict(n_layer=4, n_head=2, n_kv_head=2, n_embd=64, vocab_size=256, D=4, B=2, S=2,
+             batch_size=2, seq_len=32, train_warmup=1, train_reps=2, decode_batches=(1, 2),
+             gen_lens=(4, 8), prompt_len=8, decode_reps=2, prefill_len=16, prefill_reps=2)
+# -----------------------------------------------------------------------------
+# nanoGPT-style overrides, but strict: an unknown key or a value of the wrong type is
+# one line on stderr and exit status 2, never a silently ignored typo.
+
+config_keys = [k for k, v in globals().items()
+               if not k.startswith('_') and k != 'QUICK' and isinstance(v, (bool, int, float, str, tuple))]
+_explicit = set()
+
+
+def die(msg):
+    print(f"bench.py: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def set_key(key, val, where):
+    if key not in config_keys:
+        die(f"unknown config key {key!r} ({where}); known keys: {', '.join(config_keys)}")
+    default = globals()[key]
+    if isinstance(default, tuple) and type(val) is int:
+        val = (val,)                       # --decode_batches=8 means (8,)
+    if isinstance(default, float) and type(val) is int:
+        val = float(val)                   # --learning_rate=1 is a float
+    if type(val) is not type(default) or (isinstance(val, tuple) and not all(type(x) is int for x in val)):
+        want = 'tuple of ints' if isinstance(default, tuple) else type(default).__name__
+        die(f"{key} ({where}) must be {want}, got {type(val).__name__} {val!r}")
+    globals()[key] = val
+    _explicit.add(key)
+
+
+_args = sys.argv[1:]
+if _args and _args[0] in ('-h', '--help'):
+    print(__doc__.strip())
+    print("\nconfig keys (defaults):\n" + "\n".join(f"  --{k}={globals()[k]!r}" for k in config_keys))
+    sys.exit(0)
+if _args and not _args[0].startswith('--'):
+    _path = _args.pop(0)
+    if not os.path.isfile(_path):
+        die(f"no config file {_path}")
+    _ns = {}
+    try:
+        exec(open(_path).read(), {}, _ns)  # (`compile` is a config key here)
+    except Exception as e:
+        die(f"config file {_path} failed: {type(e).__name__}: {e}")
+    for _k, _v in _ns.items():
+        if not _k.startswith('_') and not callable(_v) and type(_v).__name__ != 'module':
+            set_key(_k, _v, _path)
+for _arg in _args:
+    if not _arg.startswith('--') or '=' not in _arg:
+        die(f"bad argument {_arg!r}: expected --key=value (a config file may only come first)")
+    _k, _s = _arg[2:].split('=', 1)
+    try:
+        _v = ast.literal_eval(_s)
+    except (ValueError, SyntaxError):
+        _v = _s                            # a bare word is a string: --device=cuda
+    set_key(_k, _v, 'command line')
+if quick:
+    for _k, _v in QUICK.items():
+        if _k not in _explicit:
+            globals()[_k] = _v
+config = {k: globals()[k] for k in config_keys}
+
+# fail fast, before minutes of timing, on anything the run would trip on at the end
+if plot:
+    try:
+        import matplotlib
+        matplotlib.use('Agg')
+        import matplotlib.pyplot as plt
+    except ImportError:
+        die("--plot needs matplotlib, which is not installed (pip install matplotlib)")
+device_type = 'cuda' if device.startswith('cuda') else 'cpu'
+if dtype == 'auto':
+    dtype = 'bfloat16' if device_type == 'cuda' else 'float32'
+if dtype not in ('float32', 'bfloat16'):
+    die(f"dtype={dtype!r}: expected 'auto', 'float32' or 'bfloat16'")
+if D < 1 or not 0 <= B <= D or not 1 <= S <= seq_len:
+    die(f"need D >= 1, 0 <= B <= D, 1 <= S <= seq_len; got D={D}, B={B}, S={S}, seq_len={seq_len}")
+for _k in ('batch_size', 'seq_len', 'train_reps', 'decode_reps', 'prefill_reps', 'prefill_len',
+           'prefill_batch', 'prompt_len'):
+    if globals()[_k] < 1:
+        die(f"{_k}={globals()[_k]} must be >= 1")
+if not decode_batches or not gen_lens or min(decode_batches + gen_lens) < 1:
+    die("decode_batches and gen_lens must be non-empty tuples of positive ints")
+if prefill_iters == -1:
+    prefill_iters = D
+if prefill_iters < 1:
+    die(f"prefill_iters={prefill_iters} must be >= 1 (or -1 for D)")
+
+# torch is imported only now, so that a mistyped argument fails in milliseconds
+# instead of after the seconds torch takes to import
+import torch
+
+from model import GPT, GPTConfig, KVCache
+
+if device_type == 'cuda' and not torch.cuda.is_available():
+    die(f"device={device!r} but torch.cuda.is_available() is False")
+# -----------------------------------------------------------------------------
+# setup
+
+torch.manual_seed(seed)
+if threads > 0:
+    torch.set_num_threads(threads)
+if device_type == 'cuda':
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16}[dtype]
+ctx = nullcontext() if dtype == 'float32' else torch.autocast(device_type=device_type, dtype=ptdtype)
+
+
+def sync():
+    # CUDA kernels run asynchronously: a timer must wait for them, at both ends
+    if device_type == 'cuda':
+        torch.cuda.synchronize()
+
+
+L = n_layer
+placement = {
+    'none': (0, -1),
+    't2mlr': ((12 * L) // 30 if t2mlr_start == -1 else t2mlr_start,
+              math.ceil(18 * L / 30) - 1 if t2mlr_end == -1 else t2mlr_end),
+    'lrt': (lrt_start, math.ceil(0.6 * L) - 1 if lrt_end == -1 else lrt_end),
+}
+block_size = max(seq_len, prefill_len, prompt_len + max(gen_lens))
+
+
+def make_model(rec):
+    torch.manual_seed(seed)  # identical backbone weights in every variant
+    s, e = placement[rec]
+    try:
+        cfg = GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head,
+                        n_kv_head=n_kv_head, n_embd=n_embd, recurrence=rec, rec_start=s, rec_end=e)
+    except ValueError as err:
+        die(str(err))
+    return GPT(cfg).to(device)
+
+
+def med(xs):
+    return statistics.median(xs)
+
+
+def mb(nbytes):
+    return None if nbytes is None else round(nbytes / 2**20, 2)
+
+
+def activation_bytes(fn):
+    """Bytes of the tensors autograd saves for backward while fn() runs, counted once
+    per storage, parameters and buffers excluded: the activation memory of a training
+    step. Unlike RSS it is exact and per variant, on any device (a process's peak RSS
+    only ever grows, so it cannot be split between variants)."""
+    seen = {}
+    def pack(t):
+        try:
+            st = t.untyped_storage()
+            seen[st.data_ptr()] = st.nbytes()
+        except (RuntimeError, NotImplementedError):
+            pass
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(n for p, n in seen.items() if p not in param_ptrs)
+
+
+def count_ops(fn):
+    """Number of ATen ops fn() dispatches (after autograd and composite decomposition):
+    on a small model every op costs ~Python + dispatch overhead, whatever its size."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Counter(TorchDispatchMode):
+        n = 0
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Counter.n += 1
+            return func(*args, **(kwargs or {}))
+    with Counter():
+        fn()
+    return Counter.n
+
+
+results = dict(config=config, env=dict(
+    device=device, dtype=dtype, torch=torch.__version__, python=platform.python_version(),
+    threads=torch.get_num_threads(), cpu=platform.processor() or platform.machine(),
+    gpu=torch.cuda.get_device_name(device) if device_type == 'cuda' else None,
+    load_avg=list(os.getloadavg()) if hasattr(os, 'getloadavg') else None))
+print(f"bench: device={device} dtype={dtype} compile={compile} threads={torch.get_num_threads()} "
+      f"torch={torch.__version__}")
+print(f"model: n_layer={n_layer} n_embd={n_embd} n_head={n_head} n_kv_head={n_kv_head} vocab={vocab_size}; "
+      f"T2MLR blocks {placement['t2mlr'][0]}..{placement['t2mlr'][1]}, "
+      f"LRT reads from block {placement['lrt'][0]}, source block {placement['lrt'][1]}")
+
+# -----------------------------------------------------------------------------
+# 1. training step: forward(mode) + backward + AdamW, same batch for every variant
+
+TRAIN = [  # (name, recurrence, mode)
+    ('plain', 'none', 'plain'),
+    ('t2mlr+jacobi', 't2mlr', 'jacobi'),
+    ('lrt+interleaved', 'lrt', 'interleaved'),
+    ('t2mlr+interleaved', 't2mlr', 'interleaved'),
+    ('lrt+jacobi', 'lrt', 'jacobi'),
+]
+g = torch.Generator().manual_seed(seed)
+data = torch.randint(0, vocab_size, (batch_size, seq_len + 1), generator=g).to(device)
+X, Y = data[:, :-1].contiguous(), data[:, 1:].contiguous()
+kw = dict(n_iter=D, n_grad=B, n_subsets=S)
+variants = []
+for name, rec, mode in TRAIN:
+    m = make_model(rec).train()
+    groups = m.param_groups(weight_decay)
+    for grp in groups:
+        grp['lr'] = learning_rate * grp['lr_mult']
+    opt = torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, 0.95),
+                            **(dict(fused=True) if device_type == 'cuda' else {}))
+    fwd = torch.compile(m) if compile else m
+    variants.append(dict(name=name, rec=rec, mode=mode, model=m, opt=opt, fwd=fwd, times=[], mem=[]))
+# parameters and buffers (the RoPE tables) are not activations: leave them out of the count
+param_ptrs = {t.untyped_storage().data_ptr() for v in variants
+              for t in (*v['model'].parameters(), *v['model'].buffers())}
+
+
+def train_step(v):
+    with ctx:
+        _, loss = v['fwd'](X, Y, mode=v['mode'], **kw)
+    loss.backward()
+    v['opt'].step()
+    v['opt'].zero_grad(set_to_none=True)
+    return loss
+
+
+# Round-robin (plain, t2mlr, lrt, ..., plain, t2mlr, ...) rather than all reps of one
+# variant then the next: on a shared machine the load drifts, and interleaving spreads
+# the drift over every variant instead of biasing whichever ran during a busy spell.
+print(f"\n1. training step: batch {batch_size} x {seq_len} tokens, D={D} B={B} S={S}, "
+      f"{train_warmup} warm-up + {train_reps} timed steps each")
+for rep in range(train_warmup + train_reps):
+    for v in variants:
+        if device_type == 'cuda':
+            base = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        sync()
+        t0 = time.perf_counter()
+        loss = train_step(v)
+        sync()
+        dt = time.perf_counter() - t0
+        if rep >= train_warmup:
+            v['times'].append(dt)
+            if device_type == 'cuda':  # the step's own memory: activations, grads, temporaries
+                v['mem'].append(torch.cuda.max_memory_allocated(device) - base)
+        v['loss'] = loss.item()
+plain_flops = variants[0]['model'].flops_per_token(seq_len, 'plain')
+rows = []
+for v in variants:
+    m = v['model']
+    with ctx:
+        act = activation_bytes(lambda: m(X, Y, mode=v['mode'], **kw))
+    fl = m.flops_per_token(seq_len, v['mode'], **kw)
+    t = med(v['times'])
+    rows.append(dict(name=v['name'], recurrence=v['rec'], mode=v['mode'], step_ms=1e3 * t,
+                     step_ms_min=1e3 * min(v['times']), step_ms_max=1e3 * max(v['times']),
+                     tokens_per_s=batch_size * seq_len / t, flops_per_token=fl,
+                     achieved_gflops=fl * batch_size * seq_len / t / 1e9,
+                     flop_ratio=fl / plain_flops, act_mem_mb=mb(act),
+                     step_peak_mem_mb=mb(max(v['mem'])) if v['mem'] else None,
+                     loss=v['loss'], n_params=m.get_num_params()))
+for r in rows:
+    r['ratio'] = r['step_ms'] / rows[0]['step_ms']
+    r['ratio_over_flops'] = r['ratio'] / r['flop_ratio']  # > 1: slower than the arithmetic explains
+    r['act_mem_ratio'] = r['act_mem_mb'] / rows[0]['act_mem_mb'] if rows[0]['act_mem_mb'] else None
+results['train'] = rows
+print(f"{'variant':<18} {'ms/step':>9} {'tok/s':>9} {'ratio':>6} {'FLOPs':>6} {'GFLOP/s':>8} "
+      f"{'act MB':>7} {'act x':>6} {'peak MB':>8}")
+for r in rows:
+    pk = '-' if r['step_peak_mem_mb'] is None else f"{r['step_peak_mem_mb']:.1f}"
+    print(f"{r['name']:<18} {r['step_ms']:9.1f} {r['tokens_per_s']:9.0f} {r['ratio']:6.2f} {r['flop_ratio']:6.2f} "
+          f"{r['achieved_gflops']:8.2f} {r['act_mem_mb']:7.1f} {r['act_mem_ratio']:6.2f} {pk:>8}")
+print("  ratio = measured step time / plain; FLOPs = model.flops_per_token(mode) / plain's; "
+      "act MB = tensors saved for backward" + ("; peak MB = cuda max_memory_allocated during the step"
+                                               if device_type == 'cuda' else " (peak memory: cuda only)"))
+del variants, train_step
+if device_type == 'cuda':
+    torch.cuda.empty_cache()
+
+# -----------------------------------------------------------------------------
+# 2. decode: time decode_step only (no sampling, no prefill), one pass per token
+
+models = {rec: make_model(rec).eval() for rec in ('none', 't2mlr', 'lrt')}
+NAMES = {'none': 'plain', 't2mlr': 't2mlr', 'lrt': 'lrt'}
+results['models'] = {NAMES[r]: dict(recurrence=r, rec_start=placement[r][0] if r != 'none' else None,
+                                    rec_end=placement[r][1] if r != 'none' else None,
+                                    n_params=m.get_num_params(), rec_flops_per_token=m.rec_flops())
+                     for r, m in models.items()}
+
+
+def decode_run(m, bsz, n_gen, toks, prompt):
+    """Prefill the prompt (untimed), then time n_gen decode_step calls; seconds per token."""
+    cache = KVCache(n_layer, prompt_len + n_gen)
+    with ctx:
+        _, state = m.prefill(prompt, cache, 'exact')
+        sync()
+        t0 = time.perf_counter()
+        for i in range(n_gen):
+            # fixed random input tokens: the cost does not depend on the values, and no
+            # sampling op muddies the per-token time
+            _, state = m.decode_step(toks[:, i:i + 1], prompt_len + i, state, cache)
+        sync()
+    return (time.perf_counter() - t0) / n_gen
+
+
+def decode_ops(m, bsz):
+    """ATen ops of ONE decode_step (at position prompt_len)."""
+    cache = KVCache(n_layer, prompt_len + 1)
+    prompt = torch.randint(0, vocab_size, (bsz, prompt_len + 1), device=device)
+    with ctx:
+        _, state = m.prefill(prompt[:, :-1], cache, 'exact')
+        return count_ops(lambda: m.decode_step(prompt[:, -1:], prompt_len, state, cache))
+
+
+print(f"\n2. decode: prompt {prompt_len}, decode_step only, median of {decode_reps} runs")
+rows = []
+for bsz in decode_batches:
+    for n_gen in gen_lens:
+        g = torch.Generator().manual_seed(seed)
+        prompt = torch.randint(0, vocab_size, (bsz, prompt_len), generator=g).to(device)
+        toks = torch.randint(0, vocab_size, (bsz, n_gen), generator=g).to(device)
+        times = {r: [] for r in models}
+        for r, m in models.items():  # warm-up: short run per model
+            decode_run(m, bsz, min(n_gen, 8), toks, prompt)
+        for rep in range(decode_reps):
+            for r, m in models.items():
+                times[r].append(decode_run(m, bsz, n_gen, toks, prompt))
+        ctx_len = prompt_len + n_gen / 2  # mean context a decoded token attends over
+        base_fl = models['none'].flops_per_token(ctx_len, 'plain', train=False)
+        ops = {r: decode_ops(m, bsz) for r, m in models.items()}
+        for r, m in models.items():
+            t = med(times[r])
+            rows.append(dict(model=NAMES[r], batch=bsz, gen_len=n_gen, ms_per_token=1e3 * t,
+                             tokens_per_s=bsz / t,
+                             flop_ratio=m.flops_per_token(ctx_len, 'exact', train=False) / base_fl,
+                             ops_per_token=ops[r], ops_ratio=ops[r] / ops['none'],
+                             us_per_op=1e6 * t / ops[r]))
+        base = rows[-len(models)]['ms_per_token']
+        for row in rows[-len(models):]:
+            row['ratio'] = row['ms_per_token'] / base
+            row['ratio_over_flops'] = row['ratio'] / row['flop_ratio']
+results['decode'] = rows
+print(f"{'model':<7} {'batch':>5} {'gen':>5} {'ms/tok':>8} {'tok/s':>9} {'ratio':>6} {'FLOPs':>6} "
+      f"{'ops/tok':>8} {'ops x':>6} {'us/op':>6}")
+for r in rows:
+    print(f"{r['model']:<7} {r['batch']:5d} {r['gen_len']:5d} {r['ms_per_token']:8.3f} {r['tokens_per_s']:9.1f} "
+          f"{r['ratio']:6.3f} {r['flop_ratio']:6.3f} {r['ops_per_token']:8d} {r['ops_ratio']:6.3f} {r['us_per_op']:6.1f}")
+print("  FLOPs = flops_per_token(exact, forward) / plain's at the mean context; ops = ATen ops per "
+      "decode_step (when ops dominate, the ratio follows ops x, not FLOPs)")
+
+# -----------------------------------------------------------------------------
+# 3. prefill: a prompt of prefill_len tokens into an empty cache
+
+print(f"\n3. prefill: batch {prefill_batch} x {prefill_len} tokens, Jacobi k={prefill_iters}, "
+      f"median of {prefill_reps} runs")
+g = torch.Generator().manual_seed(seed)
+prompt = torch.randint(0, vocab_size, (prefill_batch, prefill_len), generator=g).to(device)
+CASES = [('none', 'plain')] + [(r, mode) for r in ('t2mlr', 'lrt') for mode in ('plain', 'exact', 'jacobi')]
+times = {c: [] for c in CASES}
+
+
+def prefill_run(r, mode):
+    cache = KVCache(n_layer, prefill_len)
+    with ctx:
+        sync()
+        t0 = time.perf_counter()
+        models[r].prefill(prompt, cache, mode, n_iter=prefill_iters)
+        sync()
+    return time.perf_counter() - t0
+
+
+for rep in range(1 + prefill_reps):  # first round = warm-up
+    for c in CASES:
+        dt = prefill_run(*c)
+        if rep:
+            times[c].append(dt)
+base_fl = models['none'].flops_per_token(prefill_len, 'plain', train=False)
+rows = []
+for r, mode in CASES:
+    m, t = models[r], med(times[(r, mode)])
+    fl = m.flops_per_token(prefill_len, 'jacobi' if mode == 'jacobi' else mode, n_iter=prefill_iters,
+                           n_grad=0, train=False)
+    rows.append(dict(model=NAMES[r], mode=mode, n_iter=prefill_iters if mode == 'jacobi' else None,
+                     prompt_len=prefill_len, batch=prefill_batch, ms=1e3 * t,
+                     tokens_per_s=prefill_batch * prefill_len / t, flop_ratio=fl / base_fl))
+for row in rows:
+    row['ratio'] = row['ms'] / rows[0]['ms']
+    row['ratio_over_flops'] = row['ratio'] / row['flop_ratio']
+results['prefill'] = rows
+print(f"{'model':<7} {'mode':<8} {'ms':>9} {'tok/s':>9} {'ratio':>7} {'FLOPs':>6}")
+for r in rows:
+    print(f"{r['model']:<7} {r['mode']:<8} {r['ms']:9.2f} {r['tokens_per_s']:9.0f} {r['ratio']:7.2f} {r['flop_ratio']:6.2f}")
+print("  exact runs the recurrent layers token by token: its cost is latency, not FLOPs")
+
+# -----------------------------------------------------------------------------
+# optional: where the time goes (torch.profiler, one step of each variant)
+
+if profile:
+    from torch.profiler import profile as tprofile, ProfilerActivity
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_type == 'cuda' else [])
+    sort = 'self_device_time_total' if device_type == 'cuda' else 'self_cpu_time_total'
+    for name, rec, mode in TRAIN:
+        m = make_model(rec).train()
+        with ctx:
+            m(X, Y, mode=mode, **kw)[1].backward()  # warm-up
+        with tprofile(activities=acts) as prof:
+            with ctx:
+                m(X, Y, mode=mode, **kw)[1].backward()
+            sync()
+        print(f"\nprofile: training forward+backward, {name}")
+        print(prof.key_averages().table(sort_by=sort, row_limit=12))
+    for r, m in models.items():
+        cache = KVCache(n_layer, prompt_len + 1)
+        p = torch.randint(0, vocab_size, (1, prompt_len + 1), device=device)
+        with ctx:
+            _, st = m.prefill(p[:, :-1], cache, 'exact')
+            with tprofile(activities=acts) as prof:
+                m.decode_step(p[:, -1:], prompt_len, st, cache)
+                sync()
+        print(f"\nprofile: one decode_step, batch 1, {NAMES[r]}")
+        print(prof.key_averages().table(sort_by=sort, row_limit=12))
+
+# -----------------------------------------------------------------------------
+# output
+
+results['notes'] = dict(
+    ratio="measured time / plain model's time; lower is better",
+    flop_ratio="model.flops_per_token(...) / plain's: what the ratio would be if time were proportional to FLOPs",
+    act_mem_mb="bytes autograd saves for backward in one training forward (per storage, parameters and "
+               "buffers excluded; under autocast the low-precision weight copies count too)",
+    step_peak_mem_mb="cuda: max_memory_allocated during the step minus what was allocated before it; null on cpu",
+    ops_per_token="ATen ops dispatched by one decode_step (TorchDispatchMode count)",
+    decode_ctx="decode flop_ratio at the mean context prompt_len + gen_len / 2",
+    load_avg="os.getloadavg() at start: on a shared machine, timings are noisy")
+if plot:
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    # the plain rows are the baseline (1.0 by definition): the black line, not a bar
+    tr = [r for r in results['train'] if r['name'] != 'plain']
+    de = [r for r in results['decode'] if r['model'] != 'plain']
+    pr = results['prefill'][1:]
+    panels = [
+        ('training step', [r['name'] for r in tr], tr),
+        ('decode, per token', [f"{r['model']} batch {r['batch']} gen {r['gen_len']}" for r in de], de),
+        (f"prefill of {prefill_len} tokens", [f"{r['model']} {r['mode']}" for r in pr], pr),
+    ]
+    for ax, (title, labels, rs) in zip(axes, panels):
+        xs = range(len(rs))
+        ax.bar([x - 0.2 for x in xs], [r['ratio'] for r in rs], 0.4, label='measured')
+        ax.bar([x + 0.2 for x in xs], [r['flop_ratio'] for r in rs], 0.4, label='FLOP-predicted')
+        ax.axhline(1.0, color='k', lw=0.8)
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels(labels, rotation=60, ha='right', fontsize=7)
+        ax.set_title(title)
+        ax.set_ylabel('time / plain model')
+    axes[0].legend()
+    fig.suptitle(f"recurrence cost vs plain GPT ({device}, {dtype}, L={n_layer}, d={n_embd})")
+    fig.tight_layout()
+    fig.savefig(plot, dpi=120)
+    print(f"\nwrote {plot}")
+line = json.dumps(results, default=float)
+if out:
+    with open(out, 'w') as f:
+        f.write(line + '\n')
+    print(f"wrote {out}")
+print(line)

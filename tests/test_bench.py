@@ -1,0 +1,140 @@
+"""bench.py end to end, in --quick mode, through a subprocess: the last stdout line is
+one JSON object holding every figure. Timings are never compared with thresholds
+(the machine may be loaded): only presence, sign and finiteness are checked."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+try:
+    import matplotlib  # noqa: F401
+    HAVE_MPL = True
+except ImportError:
+    HAVE_MPL = False
+
+
+def bench(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, os.path.join(ROOT, 'bench.py'), *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+def finite_pos(x):
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+@pytest.fixture(scope='module')
+def quick(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp('bench')
+    out = tmp / 'bench.json'
+    args = ['--quick=True', '--threads=1', f'--out={out}']
+    if HAVE_MPL:  # draw the plot in the same run: one quick run for every test
+        args.append(f"--plot={tmp / 'bench.png'}")
+    p = bench(*args)
+    assert p.returncode == 0, p.stderr[-2000:]
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    return res, p.stdout, out
+
+
+def test_json_last_line_and_out_file(quick):
+    res, stdout, out = quick
+    assert json.loads(out.read_text()) == res
+    assert res['config']['quick'] is True and res['env']['device'] == 'cpu'
+    assert 'training step' in stdout and 'decode' in stdout and 'prefill' in stdout
+
+
+def test_training_figures(quick):
+    res, _, _ = quick
+    rows = {r['name']: r for r in res['train']}
+    assert set(rows) == {'plain', 't2mlr+jacobi', 'lrt+interleaved', 't2mlr+interleaved', 'lrt+jacobi'}
+    for name, r in rows.items():
+        for k in ('step_ms', 'step_ms_min', 'step_ms_max', 'tokens_per_s', 'ratio', 'flop_ratio', 'ratio_over_flops',
+                  'flops_per_token', 'achieved_gflops', 'act_mem_mb', 'act_mem_ratio', 'n_params'):
+            assert finite_pos(r[k]), (name, k, r[k])
+        assert r['step_ms_min'] <= r['step_ms'] <= r['step_ms_max']
+        assert math.isfinite(r['loss'])
+        assert r['step_peak_mem_mb'] is None  # cuda only
+    assert rows['plain']['ratio'] == 1.0 and rows['plain']['flop_ratio'] == 1.0
+    for name in rows:
+        if name != 'plain':
+            assert rows[name]['flop_ratio'] > 1, name  # every scheme makes extra passes
+    # same backbone: the recurrent models only add their own parameters
+    assert rows['t2mlr+jacobi']['n_params'] > rows['plain']['n_params']
+
+
+def test_decode_figures(quick):
+    res, _, _ = quick
+    cfg = res['config']
+    rows = res['decode']
+    assert len(rows) == 3 * len(cfg['decode_batches']) * len(cfg['gen_lens'])
+    seen = {(r['model'], r['batch'], r['gen_len']) for r in rows}
+    for m in ('plain', 't2mlr', 'lrt'):
+        for b in cfg['decode_batches']:
+            for n in cfg['gen_lens']:
+                assert (m, b, n) in seen
+    for r in rows:
+        for k in ('ms_per_token', 'tokens_per_s', 'ratio', 'flop_ratio', 'ratio_over_flops', 'ops_per_token',
+                  'ops_ratio', 'us_per_op'):
+            assert finite_pos(r[k]), (r, k)
+        if r['model'] == 'plain':
+            assert r['ratio'] == 1.0 and r['flop_ratio'] == 1.0
+        else:
+            assert r['flop_ratio'] > 1 and r['ops_per_token'] > 0
+    for name, m in res['models'].items():
+        assert m['rec_flops_per_token'] >= 0 and (m['rec_flops_per_token'] > 0) == (name != 'plain')
+
+
+def test_prefill_figures(quick):
+    res, _, _ = quick
+    modes = {(r['model'], r['mode']) for r in res['prefill']}
+    assert modes == {('plain', 'plain')} | {(m, k) for m in ('t2mlr', 'lrt') for k in ('plain', 'exact', 'jacobi')}
+    for r in res['prefill']:
+        for k in ('ms', 'tokens_per_s', 'ratio', 'flop_ratio', 'ratio_over_flops'):
+            assert finite_pos(r[k]), (r, k)
+        if r['mode'] == 'jacobi':
+            assert r['n_iter'] == res['config']['D'] and r['flop_ratio'] > 1
+
+
+@pytest.mark.parametrize('args, msg', [
+    (['--no_such_key=1'], 'unknown config key'),
+    (['--D=eight'], 'D (command line) must be int'),
+    (['--quick=1'], 'quick (command line) must be bool'),
+    (['--gen_lens=(1, 2.5)'], 'tuple of ints'),
+    (['D=8'], 'no config file'),
+    (['--D'], 'expected --key=value'),
+    (['--dtype=float16'], "expected 'auto', 'float32' or 'bfloat16'"),
+    (['--D=2', '--B=3'], 'need D >= 1, 0 <= B <= D'),
+])
+def test_bad_arguments_are_one_line_exit_2(args, msg):
+    p = bench(*args)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    err = p.stderr.strip().splitlines()
+    assert len(err) == 1 and msg in err[0], err
+
+
+@pytest.mark.skipif(__import__('torch').cuda.is_available(), reason='needs a machine without cuda')
+def test_cuda_without_cuda_is_one_line_exit_2():
+    p = bench('--device=cuda')
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and 'cuda' in p.stderr
+
+
+def test_config_file(tmp_path):
+    cfg = tmp_path / 'c.py'
+    cfg.write_text("D = 'x'\n")
+    p = bench(str(cfg))
+    assert p.returncode == 2 and 'must be int' in p.stderr
+
+
+def test_plot(quick, tmp_path):
+    """With matplotlib the quick run drew the plot; without it --plot is refused at once."""
+    if HAVE_MPL:
+        png = quick[2].parent / 'bench.png'
+        assert png.stat().st_size > 0 and png.read_bytes()[:4] == b'\x89PNG'
+        return
+    p = bench('--quick=True', f'--plot={tmp_path / "x.png"}')
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and 'matplotlib' in p.stderr
+    assert not (tmp_path / 'x.png').exists()
