@@ -5,6 +5,7 @@ $ python sample.py --out_dir=out --start="ROMEO:"              # 3 samples from 
 $ python sample.py --out_dir=out --start=FILE:prompt.txt --num_samples=1   # streams tokens
 $ python sample.py --out_dir=out-s5 --eval_split=test_64       # token accuracy / exact match
 $ python sample.py --init_from=scratch --dataset=s5_Z2 --start="0 1 1"     # untrained smoke test
+$ python sample.py --out_dir=out/retrofit_tiny --eval_answers=test --max_new_tokens=16   # answer accuracy
 
 Generation is exactly model.generate: one prefill of the prompt (prefill='exact', 'jacobi'
 with prefill_iters passes, or 'plain'), then one forward pass per new token with the KV
@@ -12,6 +13,12 @@ cache and the recurrent state. With num_samples=1 the same loop runs here, token
 token, so the text can be printed as it is produced. Datasets whose documents start with
 a reset token (gpt2 corpora: <|endoftext|>) get it in front of the prompt, as in training.
 Samples go to stdout, each followed by a line of dashes; notes go to stderr.
+
+Prompt/response data (prepare.py jsonl, gsm8k: the recurrence runs on the response only) is
+prefilled plainly by default, as it was trained. --eval_answers=SPLIT generates a greedy
+answer to every prompt of the split (prompt prefilled, one pass per token, stop at eos) and
+reports exact-match accuracy of the final answer (prepare.extract_answer: the number after
+'####', else the last number) against the stored reference.
 """
 
 import os
@@ -24,11 +31,12 @@ import torch
 
 from configurator import configure, fail
 from model import GPT, GPTConfig, KVCache, CheckpointError, load_checkpoint, sample
-from prepare import load_meta, load_split, get_tokenizer
+from prepare import load_meta, load_split, load_answers, get_tokenizer, extract_answer
 
 # -----------------------------------------------------------------------------
 out_dir = 'out'
-init_from = 'resume'     # 'resume' (out_dir/ckpt.pt), a path to a .pt file, or 'scratch' (fresh tiny model)
+init_from = 'resume'     # 'resume' (out_dir/ckpt.pt), a path to a .pt file, 'scratch' (fresh tiny model), or a
+                         # Hugging Face Llama name/folder: the pretrained model as it is (a baseline; give --dataset)
 data_root = 'data'
 dataset = ''             # data_root/<dataset>; '' = what the checkpoint was trained on
 start = '\n'             # the prompt, or FILE:path to read it from a file
@@ -36,10 +44,12 @@ num_samples = 3
 max_new_tokens = 200
 temperature = 0.8        # 0 = greedy
 top_k = 200              # 0 = no top-k filter
-prefill = 'exact'        # 'exact' | 'jacobi' | 'plain' (see model.GPT.prefill)
+prefill = ''             # 'exact' | 'jacobi' | 'plain' (see model.GPT.prefill); '' = plain for prompt/response data, else exact
 prefill_iters = 8        # Jacobi passes over the prompt for prefill='jacobi'
 stream = True            # with num_samples=1, print each token as it is generated
 eval_split = ''          # e.g. test_64: instead of sampling, score this task split (exact recurrence)
+eval_answers = ''         # e.g. test: greedy answers to the split's prompts, exact-match accuracy (prompt/response data)
+eval_n = 0               # eval_answers: only the first eval_n prompts (0 = all)
 eval_batch_size = 64
 seed = 1337
 device = 'cpu'           # 'cpu', 'cuda', 'cuda:1', ...
@@ -52,6 +62,11 @@ def load_model(init_from, out_dir, device):
     """-> (model, ckpt config dict). Checkpoint problems end the program with one line."""
     if init_from == 'scratch':
         return None, {}
+    if init_from != 'resume' and not init_from.endswith('.pt'):
+        try:  # a pretrained Hugging Face model, recurrence off: the baseline a retrofit starts from
+            return GPT.from_pretrained(init_from).to(device), {}
+        except (CheckpointError, ImportError) as e:
+            fail(str(e))
     path = os.path.join(out_dir, 'ckpt.pt') if init_from == 'resume' else init_from
     try:
         model, ckpt = load_checkpoint(path, device)
@@ -94,20 +109,27 @@ def encode_prompt(text, meta, encode):
 
 @torch.no_grad()
 def generate_stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, prefill='exact', prefill_iters=8,
-                    generator=None, on_token=None):
+                    generator=None, on_token=None, stop_token=None):
     """model.generate, step by step (same calls in the same order, so the same tokens for
-    the same generator), calling on_token(tokens so far) after every new token."""
+    the same generator), calling on_token(tokens so far) after every new token. With
+    stop_token, it stops early once every row has produced it (rows that stopped before
+    the others run on: cut them at their first stop_token)."""
     B, T0 = idx.shape
     if T0 + max_new_tokens > model.config.block_size:
         raise ValueError(f"prompt {T0} + {max_new_tokens} new tokens exceeds block_size {model.config.block_size}")
     cache = KVCache(model.config.n_layer, T0 + max_new_tokens)
     logits, state = model.prefill(idx, cache, prefill, prefill_iters)
     out = [idx]
+    done = torch.zeros(B, 1, dtype=torch.bool, device=idx.device)
     for step in range(max_new_tokens):
         tok = sample(logits[:, -1], temperature, top_k, generator)  # (B, 1)
         out.append(tok)
         if on_token is not None:
             on_token(torch.cat(out, 1))
+        if stop_token is not None:
+            done |= tok == stop_token
+            if done.all():
+                break
         if step < max_new_tokens - 1:
             logits, state = model.decode_step(tok, T0 + step, state, cache)
     return torch.cat(out, 1)
@@ -155,14 +177,51 @@ def evaluate(model, data_dir, meta, split, batch_size, device, ctx):
     return correct / max(labelled, 1), exact / n
 
 
+@torch.no_grad()
+def evaluate_answers(model, data_dir, meta, split, max_new_tokens, batch_size, device, ctx, prefill, decode, limit=0):
+    """Exact-match accuracy of greedy answers on a prompt/response split. Each prompt (its
+    stored tokens, exactly as in training) is prefilled with `prefill`, then one forward pass
+    per token until eos or max_new_tokens; the final answer extracted from the text is compared
+    with the stored reference. Prompts of equal length run as one batch (no padding, so
+    batching cannot change a row's tokens). -> (accuracy, {row: text}, {row: answer})."""
+    refs = load_answers(data_dir, split, meta)
+    X, _ = load_split(data_dir, split, meta)
+    n = len(X) if limit <= 0 else min(limit, len(X))
+    eos, block = meta['eos_token'], model.config.block_size
+    by_len = {}
+    for i in range(n):
+        by_len.setdefault(refs['prompt_len'][i], []).append(i)
+    texts, preds, capped, t0 = {}, {}, 0, time.time()
+    for P, rows in sorted(by_len.items()):
+        new = min(max_new_tokens, block - P)  # the model cannot see past its block_size
+        capped += len(rows) if new < max_new_tokens else 0
+        for j in range(0, len(rows), batch_size):
+            chunk = rows[j:j + batch_size]
+            idx = torch.from_numpy(np.asarray(X[chunk, :P], dtype=np.int64)).to(device)
+            with ctx:
+                out = generate_stream(model, idx, new, temperature=0, prefill=prefill, stop_token=eos)
+            for i, ids in zip(chunk, out[:, P:].tolist()):
+                ids = ids[:ids.index(eos)] if eos in ids else ids
+                texts[i] = decode(ids)
+                preds[i] = extract_answer(texts[i])
+    right = sum(preds[i] == refs['answer'][i] for i in range(n))
+    if capped:
+        print(f"note: {capped} prompts had fewer than {max_new_tokens} positions left in block_size {block}", file=sys.stderr)
+    print(f"{meta['name']} {split}: {n} prompts, greedy, prefill {prefill}, <= {max_new_tokens} new tokens: "
+          f"answer accuracy {right / n:.4f} ({right}/{n})  [{time.time() - t0:.1f}s]")
+    return right / n, texts, preds
+
+
 if __name__ == '__main__':
     configure(globals(), config_keys)
     if device.startswith('cuda') and not torch.cuda.is_available():
         fail(f"device={device} but torch.cuda.is_available() is False")
     if dtype not in ('float32', 'bfloat16'):
         fail(f"dtype={dtype}: expected float32 or bfloat16")
-    if prefill not in ('exact', 'jacobi', 'plain'):
+    if prefill not in ('', 'exact', 'jacobi', 'plain'):
         fail(f"prefill={prefill}: expected exact, jacobi or plain")
+    if eval_split and eval_answers:
+        fail("give eval_split (teacher-forced token accuracy) or eval_answers (generated answers), not both")
     if num_samples < 1 or max_new_tokens < 1 or eval_batch_size < 1:
         fail("num_samples, max_new_tokens and eval_batch_size must be >= 1")
     torch.manual_seed(seed)
@@ -186,6 +245,7 @@ if __name__ == '__main__':
         fail("the checkpoint records no dataset: give --dataset=NAME (a folder of data_root made by prepare.py)")
     if not eval_split:
         encode, decode = get_tokenizer(meta)  # before building anything: gpt2 offline fails here
+    prefill = prefill or ('plain' if meta.get('rec_mask') else 'exact')  # as the model was trained
     if model is None:
         model = scratch_model(meta, device)
     if meta['vocab_size'] > model.config.vocab_size:
@@ -196,6 +256,12 @@ if __name__ == '__main__':
 
     if eval_split:
         evaluate(model, data_dir, meta, eval_split, eval_batch_size, device, ctx)
+        sys.exit(0)
+    if eval_answers:
+        if not meta.get('rec_mask'):
+            fail(f"eval_answers needs prompt/response data (prepare.py jsonl or gsm8k); {meta['name']} is not")
+        evaluate_answers(model, data_dir, meta, eval_answers, max_new_tokens, eval_batch_size, device, ctx, prefill,
+                         decode, eval_n)
         sys.exit(0)
 
     ids, skip = encode_prompt(read_prompt(start), meta, encode)

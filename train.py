@@ -13,6 +13,11 @@ train_mode picks how the recurrence is made parallel for training (model.py):
 Evaluation always reports the loss under the training approximation AND under the
 exact sequential recurrence (what generation computes); their gap is the
 approximation error. Judge recurrent models by the exact numbers.
+
+Retrofit (docs/retrofit.md): init_from=<Hugging Face Llama name or folder> starts from a
+pretrained model with the recurrence at identity. Prompt/response data (prepare.py jsonl,
+gsm8k) carries a per-position recurrence mask: the prompt runs as the plain model, the
+response carries the state, in training and in both evaluations, as in generation.
 """
 
 import json
@@ -31,7 +36,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configurator import configure, fail
 from model import GPT, GPTConfig, CheckpointError, load_checkpoint, save_checkpoint
-from prepare import load_meta, load_split
+from prepare import load_meta, load_split, load_rec_mask
 
 # -----------------------------------------------------------------------------
 # default config values; override with a config file and/or --key=value
@@ -42,7 +47,9 @@ log_interval = 10
 eval_iters = 20          # batches for the approximate (training-scheme) losses
 eval_exact_iters = 4     # batches for the exact losses (token-by-token: slower)
 eval_examples = 1000     # task data: rows per split for accuracy / exact match
+eval_batch_size = 256    # task data: rows per forward pass in that accuracy evaluation
 eval_only = False
+eval_first = True        # also evaluate before the first step
 always_save_checkpoint = True
 init_from = 'scratch'    # 'scratch' | 'resume' | a Hugging Face Llama name or folder (retrofit)
 seed = 1337
@@ -70,7 +77,7 @@ rec_start = 0
 rec_end = -1             # -1 = last layer
 rec_residual = True
 rec_proj = True
-rec_gate_gain = 1.0
+rec_gate_gain = 0.0       # xavier gain of T2MLR's gates; 0 = auto: 1.0 from scratch (paper), 1e-2 retrofit
 lrt_inject = 'both'
 lrt_shared = True
 lrt_identity_init = False
@@ -147,6 +154,7 @@ except (FileNotFoundError, ValueError) as e:
 is_task = meta['format'] == 'examples'
 if is_task:
     train_x, train_y = load_split(data_dir, 'train', meta)
+    train_m = load_rec_mask(data_dir, 'train', meta)  # None unless prompt/response data
     seq_len = train_x.shape[1]
     task_splits = [s for s in meta['splits'] if s != 'train']
     block_size = max(block_size, max(meta['splits'][s]['len'] for s in meta['splits']))
@@ -163,18 +171,23 @@ data_gen = torch.Generator().manual_seed(seed)
 
 
 def draw_batch(gen, split, B):
-    """Returns x, y: (B, seq_len) int64, y aligned with x (-1 = no loss)."""
+    """Returns x, y: (B, seq_len) int64, y aligned with x (-1 = no loss), and m: (B, seq_len)
+    bool, where the recurrence is on (prompt/response data), or None (on everywhere)."""
+    m = None
     if is_task:
         X, Y = (train_x, train_y) if split == 'train' else load_split(data_dir, split, meta)
+        M = train_m if split == 'train' else load_rec_mask(data_dir, split, meta)
         rows = torch.randint(len(X), (B,), generator=gen).numpy()
         rows.sort()  # memmap-friendly; the set is what matters
         x, y = torch.from_numpy(X[rows].astype(np.int64)), torch.from_numpy(Y[rows].astype(np.int64))
+        if M is not None:
+            m = torch.from_numpy(M[rows].astype(np.bool_)).to(device)
     else:
         data = train_data if split == 'train' else load_split(data_dir, split, meta)
         ix = torch.randint(len(data) - seq_len - 1, (B,), generator=gen).tolist()
         x = torch.from_numpy(np.stack([data[i:i + seq_len].astype(np.int64) for i in ix]))
         y = torch.from_numpy(np.stack([data[i + 1:i + 1 + seq_len].astype(np.int64) for i in ix]))
-    return x.to(device), y.to(device)
+    return x.to(device), y.to(device), m
 
 
 def train_batches():
@@ -189,26 +202,40 @@ model_args = dict(block_size=block_size, vocab_size=meta['vocab_size'], n_layer=
                   n_kv_head=n_kv_head, n_embd=n_embd, mlp_hidden=mlp_hidden, rope_theta=rope_theta,
                   norm_eps=norm_eps, dropout=dropout, tie_embeddings=tie_embeddings, recurrence=recurrence,
                   rec_start=rec_start, rec_end=rec_end, reset_token=meta.get('reset_token'),
-                  rec_residual=rec_residual, rec_proj=rec_proj, rec_gate_gain=rec_gate_gain,
+                  rec_residual=rec_residual, rec_proj=rec_proj,
+                  rec_gate_gain=rec_gate_gain or (1.0 if init_from in ('scratch', 'resume') else 1e-2),
                   lrt_inject=lrt_inject, lrt_shared=lrt_shared, lrt_identity_init=lrt_identity_init)
 iter_num, best_val_loss, ckpt = 0, 1e9, None
+pretrained = None  # the Hugging Face checkpoint a retrofit run started from (kept across resumes)
 ckpt_path = os.path.join(out_dir, 'ckpt.pt')
 try:
     if init_from == 'scratch':
         model = GPT(GPTConfig(**model_args))
     elif init_from == 'resume':
         model, ckpt = load_checkpoint(ckpt_path)
+        pretrained = ckpt.get('pretrained')
         for k in ('n_layer', 'n_embd', 'recurrence', 'vocab_size'):
-            if ckpt['model_args'][k] != model_args[k]:
+            if ckpt['model_args'][k] != model_args[k] and not (pretrained and k != 'recurrence'):  # a retrofit's shape is the checkpoint's
                 print(f"note: resuming with the checkpoint's {k}={ckpt['model_args'][k]} (config says {model_args[k]})")
         model_args = ckpt['model_args']
         iter_num, best_val_loss = ckpt['iter_num'], ckpt['best_val_loss']
     else:  # retrofit a pretrained Llama-family checkpoint
         rec = {k: model_args[k] for k in model_args if k.startswith(('rec', 'lrt_')) or k in ('dropout', 'reset_token')}
-        model = GPT.from_pretrained(init_from, **rec)
+        model = GPT.from_pretrained(init_from, **rec)  # the backbone's shape and vocab come from the checkpoint
         model_args = asdict(model.config)
+        pretrained = init_from
+        name_of = lambda p: os.path.basename(os.path.normpath(p))  # a Hub name or a folder: compare the last part
+        if meta.get('hf_tokenizer') and name_of(meta['hf_tokenizer']) != name_of(init_from):
+            print(f"note: {dataset} was tokenized with {meta['hf_tokenizer']}, the model is {init_from}: they must share a tokenizer")
 except (CheckpointError, ValueError, ImportError) as e:
     fail(str(e))
+if meta['vocab_size'] > model.config.vocab_size:
+    fail(f"dataset {dataset} has a vocabulary of {meta['vocab_size']} tokens but the model only {model.config.vocab_size} "
+         f"embeddings: tokenize the data with the model's own tokenizer (prepare.py --tokenizer=...)")
+longest = max(meta['splits'][s]['len'] for s in meta['splits']) if is_task else seq_len
+if longest > model.config.block_size:
+    fail(f"dataset {dataset} has rows of {longest} tokens but the model's block_size is {model.config.block_size}: "
+         f"prepare the data with a smaller --max_len (or use a smaller block_size)")
 if ptdtype == torch.float64:
     model = model.double()
 model.to(device)
@@ -272,9 +299,10 @@ def evaluate():
             n = eval_iters if tag == 'approx' else eval_exact_iters
             losses = []
             for _ in range(n):
-                x, y = draw_batch(gen, split, batch_size)
+                x, y, m = draw_batch(gen, split, batch_size)
                 with autocast:
-                    losses.append(raw_model(x, y, mode=mode, n_iter=n_iter, n_grad=n_grad, n_subsets=n_subsets)[1].item())
+                    losses.append(raw_model(x, y, mode=mode, n_iter=n_iter, n_grad=n_grad, n_subsets=n_subsets,
+                                            rec_mask=m)[1].item())
             out[f'{split}/loss_{tag}'] = sum(losses) / len(losses)
         if raw_model.config.recurrence == 'none':
             out[f'{split}/loss_exact'] = out[f'{split}/loss_approx']
@@ -284,9 +312,10 @@ def evaluate():
     if is_task:
         for split in task_splits:
             X, Y = load_split(data_dir, split, meta)
+            M = load_rec_mask(data_dir, split, meta)
             n = min(len(X), eval_examples)
             for tag, mode in modes:
-                acc, em = task_accuracy(X[:n], Y[:n], mode)
+                acc, em = task_accuracy(X[:n], Y[:n], None if M is None else M[:n], mode)
                 out[f'{split}/acc_{tag}'], out[f'{split}/em_{tag}'] = acc, em
             if raw_model.config.recurrence == 'none':
                 out[f'{split}/acc_exact'], out[f'{split}/em_exact'] = out[f'{split}/acc_approx'], out[f'{split}/em_approx']
@@ -295,14 +324,17 @@ def evaluate():
 
 
 @torch.no_grad()
-def task_accuracy(X, Y, mode):
-    """Token accuracy over labelled positions and whole-sequence exact match."""
+def task_accuracy(X, Y, M, mode):
+    """Token accuracy over labelled positions and whole-sequence exact match, under teacher
+    forcing. Prompt/response data (M: the recurrence mask): the labelled positions are the
+    response tokens, so this is response-token accuracy and whole-response exact match."""
     right = total = em = 0
-    for i in range(0, len(X), 256):
-        x = torch.from_numpy(X[i:i + 256].astype(np.int64)).to(device)
-        y = torch.from_numpy(Y[i:i + 256].astype(np.int64)).to(device)
+    for i in range(0, len(X), eval_batch_size):
+        x = torch.from_numpy(X[i:i + eval_batch_size].astype(np.int64)).to(device)
+        y = torch.from_numpy(Y[i:i + eval_batch_size].astype(np.int64)).to(device)
+        m = None if M is None else torch.from_numpy(M[i:i + eval_batch_size].astype(np.bool_)).to(device)
         with autocast:
-            logits = raw_model(x, mode=mode, n_iter=n_iter, n_grad=n_grad, n_subsets=n_subsets)[0]
+            logits = raw_model(x, mode=mode, n_iter=n_iter, n_grad=n_grad, n_subsets=n_subsets, rec_mask=m)[0]
         ok = (logits.argmax(-1) == y) | (y == -1)
         right += (ok & (y != -1)).sum().item()
         total += (y != -1).sum().item()
@@ -320,7 +352,7 @@ def checkpoint():
                cuda=torch.cuda.get_rng_state() if device_type == 'cuda' else None)
     return dict(model=raw_model.state_dict(), model_args=asdict(raw_model.config), optimizer=optimizer.state_dict(),
                 iter_num=iter_num, best_val_loss=best_val_loss, config=config, data_gen=data_gen.get_state(),
-                rng=rng, version=1)
+                rng=rng, pretrained=pretrained, version=1)
 
 
 def print_eval(m):
@@ -350,7 +382,8 @@ try:
         for g in optimizer.param_groups:
             g['lr'] = lr * g['lr_mult']
 
-        if iter_num % eval_interval == 0 or eval_only or iter_num == max_iters:
+        at_start = iter_num == 0 and not eval_first and not eval_only
+        if (iter_num % eval_interval == 0 or eval_only or iter_num == max_iters) and not at_start:
             if master:
                 metrics = evaluate()
                 print_eval(metrics)
@@ -368,11 +401,11 @@ try:
             break
 
         # one optimisation step over the global batch
-        for micro, (x, y) in enumerate(train_batches()):
+        for micro, (x, y, m) in enumerate(train_batches()):
             if ddp:  # synchronise gradients on the last micro-step only
                 model.require_backward_grad_sync = micro == accum_local - 1
             with autocast:
-                _, loss = model(x, y, **scheme)
+                _, loss = model(x, y, rec_mask=m, **scheme)
                 loss = loss / accum_local
             scaler.scale(loss).backward()
         if grad_clip > 0:

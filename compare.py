@@ -1,0 +1,147 @@
+"""
+The evidence: the plain GPT against T2MLR and LRT on a state-tracking task, at the
+same backbone size, trained on lengths 1..32 and judged with the EXACT recurrence
+(what generation computes) at 32 and at longer, unseen lengths.
+
+$ python prepare.py s5 --group=Z2 && python compare.py
+
+Runs train.py once per (model, seed), one after another, each in its own out_dir
+under out_dir/, then writes out_dir/results.md, out_dir/results.json and
+out_dir/accuracy.png (if matplotlib is installed). A run whose final evaluation is
+already in its log is not run again, so an interrupted comparison picks up where
+it stopped.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+from configurator import configure, fail
+
+# -----------------------------------------------------------------------------
+out_dir = 'out/compare'
+data_root = 'data'
+dataset = 's5_Z2'
+models = 'plain,t2mlr_full,t2mlr_mid,lrt'  # names from MODELS below
+seeds = '1,2'
+max_iters = 1500
+extra = ''               # more --key=value for every run, space separated
+quick = False            # a tiny end-to-end run for the tests
+# -----------------------------------------------------------------------------
+configure(globals(), [k for k in list(globals()) if not k.startswith('_') and k not in ('json', 'math', 'os', 'subprocess', 'sys', 'time', 'configure', 'fail')])
+
+# the contenders: same 4-layer d=64 backbone, only the recurrence differs
+MODELS = {
+    'plain': ['config/plain_small.py'],
+    't2mlr_full': ['config/t2mlr_small.py'],                                  # layers 0..3, Jacobi D=8 B=4
+    't2mlr_mid': ['config/t2mlr_small.py', '--rec_start=1', '--rec_end=2'],   # middle block 1..2
+    'lrt': ['config/lrt_small.py'],                                           # memory from layer 2, S=2
+    'lrt_jacobi': ['config/lrt_small.py', '--train_mode=jacobi', '--n_iter=8', '--n_grad=4'],  # cross pairing
+}
+here = os.path.dirname(os.path.abspath(__file__))
+names, seed_list = models.split(','), [int(s) for s in seeds.split(',')]
+for n in names:
+    if n not in MODELS:
+        fail(f"unknown model {n!r}; expected some of {', '.join(MODELS)}")
+quick_args = ['--n_embd=16', '--n_head=2', '--n_kv_head=2', '--batch_size=4', '--n_iter=2', '--n_grad=1', '--eval_iters=1', '--eval_exact_iters=1',
+              '--eval_examples=16', '--log_interval=1'] if quick else []
+
+
+def final_eval(run_dir):
+    """The last evaluation record of a finished run, or None."""
+    path = os.path.join(run_dir, 'log.jsonl')
+    if not os.path.isfile(path):
+        return None
+    evals = [json.loads(l) for l in open(path) if '"type": "eval"' in l]
+    return evals[-1] if evals and evals[-1]['iter'] == max_iters else None
+
+
+def run(name, seed):
+    run_dir = os.path.join(out_dir, f'{name}_s{seed}')
+    done = final_eval(run_dir)
+    if done is not None:
+        print(f"{name} seed {seed}: already done, reusing {run_dir}")
+        return done, json.load(open(os.path.join(run_dir, 'time.json')))['seconds']
+    if os.path.exists(os.path.join(run_dir, 'log.jsonl')):
+        os.remove(os.path.join(run_dir, 'log.jsonl'))  # an interrupted run starts over
+    cmd = [sys.executable, os.path.join(here, 'train.py')] + [os.path.join(here, a) if a.endswith('.py') else a
+                                                             for a in MODELS[name]]
+    cmd += [f'--data_root={data_root}', f'--dataset={dataset}', f'--out_dir={run_dir}', f'--seed={seed}',
+            f'--max_iters={max_iters}', f'--eval_interval={max_iters}', '--eval_first=False'] + quick_args + extra.split()
+    print(f"{name} seed {seed}: {' '.join(cmd[1:])}", flush=True)
+    t0 = time.time()
+    p = subprocess.run(cmd)
+    if p.returncode != 0:
+        fail(f"{name} seed {seed} failed (exit {p.returncode})")
+    seconds = time.time() - t0
+    json.dump({'seconds': seconds}, open(os.path.join(run_dir, 'time.json'), 'w'))
+    return final_eval(run_dir), seconds
+
+
+def mean_spread(xs):
+    m = sum(xs) / len(xs)
+    return m, (max(xs) - min(xs)) / 2  # half the range: with 2 seeds, the distance to each
+
+
+results = {n: [] for n in names}
+for name in names:
+    for seed in seed_list:
+        ev, seconds = run(name, seed)
+        results[name].append({'seed': seed, 'seconds': seconds, 'eval': ev})
+
+# the test splits, in order of length (the train-length one is 'test')
+meta = json.load(open(os.path.join(data_root, dataset, 'meta.json')))
+splits = sorted((s for s in meta['splits'] if s.startswith('test')), key=lambda s: meta['splits'][s]['len'])
+lengths = [meta['splits'][s]['len'] for s in splits]
+summary = {}
+for name in names:
+    rows = results[name]
+    summary[name] = {'seconds': mean_spread([r['seconds'] for r in rows])}
+    for s, L in zip(splits, lengths):
+        for key in ('em_exact', 'acc_exact', 'em_approx', 'acc_approx'):
+            summary[name][f'{key}@{L}'] = mean_spread([r['eval'][f'{s}/{key}'] for r in rows])
+
+# markdown table: exact-recurrence exact match at each length, then the approximation gap
+fmt = lambda ms: f"{ms[0]:.2f} ± {ms[1]:.2f}"
+head = ['model'] + [f'EM@{L} (exact)' for L in lengths] + [f'acc@{lengths[-1]} (exact)', f'EM@{lengths[0]} (train approx)', 'time/run (s)']
+lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+for name in names:
+    s = summary[name]
+    cells = [name] + [fmt(s[f'em_exact@{L}']) for L in lengths] + [fmt(s[f'acc_exact@{lengths[-1]}']),
+             fmt(s[f'em_approx@{lengths[0]}']), f"{s['seconds'][0]:.0f}"]
+    lines.append('| ' + ' | '.join(cells) + ' |')
+table = '\n'.join(lines)
+cpu = os.cpu_count()
+note = (f"\n\n{dataset}, trained on length {lengths[0]} rows (every prefix is a training instance), "
+        f"{max_iters} iterations, seeds {seeds}, mean ± half-range over seeds; {cpu} CPU cores. "
+        f"EM = whole-sequence exact match; 'exact' = the exact sequential recurrence; "
+        f"'train approx' = the training scheme's parallel approximation on the same weights.\n")
+os.makedirs(out_dir, exist_ok=True)
+open(os.path.join(out_dir, 'results.md'), 'w').write(table + note)
+json.dump({'dataset': dataset, 'max_iters': max_iters, 'seeds': seed_list, 'lengths': lengths,
+           'summary': summary, 'runs': results}, open(os.path.join(out_dir, 'results.json'), 'w'), indent=1)
+print(table + note)
+
+try:
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+except ImportError:
+    print("matplotlib is not installed: no plot (pip install matplotlib)")
+else:
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for name in names:
+        ms = [summary[name][f'em_exact@{L}'] for L in lengths]
+        ax.errorbar(lengths, [m for m, _ in ms], yerr=[s for _, s in ms], marker='o', capsize=3, label=name)
+    ax.axvline(lengths[0], color='gray', lw=0.5, ls='--')
+    ax.set_xlabel('sequence length (train: up to %d)' % lengths[0])
+    ax.set_ylabel('exact match (exact recurrence)')
+    ax.set_title(dataset)
+    ax.set_ylim(-0.05, 1.05)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, 'accuracy.png'), dpi=120)
+    print(f"wrote {os.path.join(out_dir, 'accuracy.png')}")

@@ -1,0 +1,35 @@
+# LRT-shared at the same SmolLM2-135M shape and data as t2mlr_135m_fineweb.py: memory from
+# the upper-middle layer 18 of 30 (0-based 17, about 0.6 L as the paper's 12 of 20), injected
+# into every layer through the residual stream and each token's own key/value (one shared
+# W_fb pair), trained with interleaved subsets S=2 (about 2x a plain step).
+# Paper (nanochat-style GPT, equal training compute): BPB 0.699 -> 0.695 at 24 layers.
+# GPU. Data: python prepare.py fineweb_edu
+out_dir = 'out/lrt_shared_fineweb'
+dataset = 'fineweb_edu'
+n_layer = 30
+n_embd = 576
+n_head = 9
+n_kv_head = 3
+mlp_hidden = 1536
+rope_theta = 100000.0
+tie_embeddings = True
+block_size = 2048
+recurrence = 'lrt'
+rec_start = 0
+rec_end = 17
+lrt_inject = 'both'
+lrt_shared = True
+train_mode = 'interleaved'
+n_subsets = 2
+batch_size = 16
+gradient_accumulation_steps = 32
+max_iters = 9500
+learning_rate = 3e-3
+min_lr = 3e-4
+warmup_iters = 500
+weight_decay = 0.1
+eval_interval = 500
+eval_iters = 40
+eval_exact_iters = 2
+log_interval = 10
+compile = True

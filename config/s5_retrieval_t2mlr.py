@@ -1,0 +1,30 @@
+# T2MLR on S5-Retrieval (the paper's synthetic benchmark, DESIGN.md 10): track a running
+# permutation of 5 elements AND retrieve a 4-character value for the current state from a
+# dictionary in context. Trained on 1..32 moves, tested at 48 and 64.
+# Paper: near-perfect in distribution, ~0.86 token accuracy at 48 moves; plain
+# Transformers and LSTMs fail. The hyperparameters below are ours (a GPU run), not the paper's.
+# Data: python prepare.py s5_retrieval --group=S5   (rows of 761 tokens; 921 at 64 moves)
+# Baseline: add --recurrence=none --train_mode=plain --out_dir=out/s5_retrieval_plain
+out_dir = 'out/s5_retrieval_t2mlr'
+dataset = 's5_retrieval_S5'
+n_layer = 8
+n_embd = 256
+n_head = 8
+n_kv_head = 8
+block_size = 1024
+recurrence = 't2mlr'
+rec_start = 2
+rec_end = 5
+train_mode = 'jacobi'
+n_iter = 16
+n_grad = 4
+batch_size = 32
+max_iters = 20000
+learning_rate = 1e-3
+min_lr = 1e-4
+warmup_iters = 1000
+eval_interval = 1000
+eval_iters = 10
+eval_exact_iters = 2
+eval_examples = 500
+log_interval = 50

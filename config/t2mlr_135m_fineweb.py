@@ -1,0 +1,36 @@
+# T2MLR at the paper's pretraining scale (DESIGN.md 10): SmolLM2-135M shape, middle-layer
+# recurrence over layers 13-18 of 30 (1-based; here 0-based 12..17), Jacobi D=16, B=4,
+# FineWeb-Edu. Paper (10B tokens): perplexity 22.64 -> 21.54, 7-task zero-shot 42.83 -> 44.14.
+# GPU. Data: python prepare.py fineweb_edu   (GPT-2 tokenizer, so the vocab is GPT-2's,
+# not SmolLM2's 49152; everything else is the SmolLM2-135M shape)
+# 8 GPUs: torchrun --standalone --nproc_per_node=8 train.py config/t2mlr_135m_fineweb.py
+out_dir = 'out/t2mlr_135m_fineweb'
+dataset = 'fineweb_edu'
+n_layer = 30
+n_embd = 576
+n_head = 9
+n_kv_head = 3
+mlp_hidden = 1536
+rope_theta = 100000.0
+tie_embeddings = True
+block_size = 2048
+recurrence = 't2mlr'
+rec_start = 12
+rec_end = 17
+rec_gate_gain = 1.0       # the paper's pretraining gain
+train_mode = 'jacobi'
+n_iter = 16
+n_grad = 4
+# 16 x 2048 x 32 = ~1M tokens per step; 10B tokens = ~9,500 steps
+batch_size = 16
+gradient_accumulation_steps = 32
+max_iters = 9500
+learning_rate = 3e-3
+min_lr = 3e-4
+warmup_iters = 500
+weight_decay = 0.1
+eval_interval = 500
+eval_iters = 40
+eval_exact_iters = 2      # the exact recurrence runs the 6-layer span token by token
+log_interval = 10
+compile = True

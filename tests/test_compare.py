@@ -1,0 +1,57 @@
+"""compare.py end to end in a tiny mode, and the paper-scale configs smoke-tested at reduced size."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = {**os.environ, 'OMP_NUM_THREADS': '1'}
+
+
+def prep(*args):
+    subprocess.run([sys.executable, os.path.join(ROOT, 'prepare.py'), *args], check=True,
+                   capture_output=True, timeout=120, env=ENV)
+
+
+def test_compare_tiny(tmp_path):
+    prep('s5', '--group=Z2', '--n_train=64', '--n_val=8', '--n_test=8', '--train_len=8', '--test_lens=12',
+         f'--out_dir={tmp_path}/data/s5_Z2')
+    cmd = [sys.executable, os.path.join(ROOT, 'compare.py'), '--quick=True', '--max_iters=2', '--seeds=1,2',
+           f'--data_root={tmp_path}/data', f'--out_dir={tmp_path}/cmp']
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    res = json.load(open(tmp_path / 'cmp' / 'results.json'))
+    assert res['lengths'] == [8, 12]
+    for name in ('plain', 't2mlr_full', 't2mlr_mid', 'lrt'):
+        s = res['summary'][name]
+        for key in ('em_exact@8', 'em_exact@12', 'acc_exact@12', 'em_approx@8'):
+            mean, spread = s[key]
+            assert 0 <= mean <= 1 and spread >= 0
+        assert len(res['runs'][name]) == 2
+    md = open(tmp_path / 'cmp' / 'results.md').read()
+    assert md.count('\n| ') == 4 and 'EM@12 (exact)' in md  # one row per model
+    # a second call reuses the finished runs instead of training again
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
+    assert p.returncode == 0 and p.stdout.count('already done') == 8
+
+
+@pytest.mark.parametrize('cfg', ['t2mlr_135m_fineweb.py', 'lrt_shared_fineweb.py', 'plain_135m_fineweb.py',
+                                 's5_retrieval_t2mlr.py'])
+def test_paper_configs_run_at_reduced_size(tmp_path, cfg):
+    text = tmp_path / 'corpus.txt'
+    text.write_text('\n\n'.join(f'document {i}: the quick brown fox jumps over the lazy dog.' for i in range(200)))
+    prep('text', f'--input={text}', '--tokenizer=char', f'--out_dir={tmp_path}/data/tiny')
+    small = ['--n_layer=4', '--n_embd=32', '--n_head=2', '--n_kv_head=1', '--mlp_hidden=64', '--block_size=32',
+             '--batch_size=2', '--gradient_accumulation_steps=1', '--max_iters=2', '--eval_interval=2',
+             '--eval_iters=1', '--eval_exact_iters=1', '--warmup_iters=1', '--log_interval=1',
+             '--device=cpu', '--dtype=float32', '--compile=False',
+             f'--data_root={tmp_path}/data', '--dataset=tiny', f'--out_dir={tmp_path}/out']
+    if cfg != 'plain_135m_fineweb.py':
+        small += ['--rec_start=1', '--rec_end=2']
+    p = subprocess.run([sys.executable, os.path.join(ROOT, 'train.py'), os.path.join(ROOT, 'config', cfg), *small],
+                       capture_output=True, text=True, timeout=300, env=ENV)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert 'iter 2:' in p.stdout and 'bpb' in p.stdout
