@@ -38,8 +38,14 @@ MODELS = {
     'plain': ['config/plain_small.py'],
     't2mlr_full': ['config/t2mlr_small.py'],                                  # layers 0..3, Jacobi D=8 B=4
     't2mlr_mid': ['config/t2mlr_small.py', '--rec_start=1', '--rec_end=2'],   # middle block 1..2
+    't2mlr_full_D32': ['config/t2mlr_small.py', '--n_iter=32', '--n_grad=4'],  # D >= T: exact training
     'lrt': ['config/lrt_small.py'],                                           # memory from layer 2, S=2
     'lrt_jacobi': ['config/lrt_small.py', '--train_mode=jacobi', '--n_iter=8', '--n_grad=4'],  # cross pairing
+    # the same with a 32-token attention window in training and test, so that no
+    # attention distance at test time is longer than any seen in training
+    'plain_w32': ['config/plain_small.py', '--attn_window=32'],
+    't2mlr_full_w32': ['config/t2mlr_small.py', '--attn_window=32'],
+    'lrt_jacobi_w32': ['config/lrt_small.py', '--train_mode=jacobi', '--n_iter=8', '--n_grad=4', '--attn_window=32'],
 }
 here = os.path.dirname(os.path.abspath(__file__))
 names, seed_list = models.split(','), [int(s) for s in seeds.split(',')]

@@ -50,6 +50,7 @@ class GPTConfig:
     norm_eps: float = 1e-5
     dropout: float = 0.0
     tie_embeddings: bool = True
+    attn_window: int = 0        # > 0: each token attends to the last attn_window tokens only (itself included)
     # --- recurrence
     recurrence: str = 'none'    # 'none' | 't2mlr' | 'lrt'
     rec_start: int = 0          # s: first block that reads the state
@@ -83,6 +84,8 @@ class GPTConfig:
             bad(f"n_head={self.n_head} is not divisible by n_kv_head={self.n_kv_head}")
         if (self.n_embd // self.n_head) % 2:
             bad(f"head dim {self.n_embd // self.n_head} must be even for RoPE")
+        if self.attn_window < 0:
+            bad(f"attn_window={self.attn_window} must be >= 0 (0 = full causal attention)")
         if not 0.0 <= self.dropout < 1.0:
             bad(f"dropout={self.dropout} must be in [0, 1)")
         if self.recurrence not in ('none', 't2mlr', 'lrt'):
@@ -351,11 +354,15 @@ class GPT(nn.Module):
         rec_on = None if rec_mask is None else rec_mask.unsqueeze(-1)  # (B, T, 1)
         rope = (self.rope_cos[pos.start:pos.stop:pos.step], self.rope_sin[pos.start:pos.stop:pos.step])
         mask = None  # causal among x itself, or a single query that sees the whole prefix
-        if cache is not None and len(pos) > 1 and not (pos.start == 0 and pos.step == 1):
-            # queries at pos attend to cached keys 0..pos[-1], causally by original position
+        W = self.config.attn_window
+        if W > 0 or (cache is not None and len(pos) > 1 and not (pos.start == 0 and pos.step == 1)):
+            # queries at pos attend to keys 0..pos[-1] causally by original position
+            # (and, with a window, only to the last W of them)
             kpos = torch.arange(pos[-1] + 1, device=x.device)
             qpos = torch.arange(pos.start, pos.stop, pos.step, device=x.device)
             mask = kpos[None, :] <= qpos[:, None]
+            if W > 0:
+                mask = mask & (kpos[None, :] > qpos[:, None] - W)
         shared_kv = None
         for i in range(a, b + 1):
             if state_in is not None and i == self.s and self.fusion is not None:
@@ -557,11 +564,13 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, prefill='exact',
-                 prefill_iters=8, return_logits=False, generator=None):
+                 prefill_iters=8, return_logits=False, generator=None, stop_token=None, on_token=None):
         """idx: (B, T0) prompts of equal length. Exactly one forward pass per new token
         after the prefill. temperature 0 = greedy. Returns (B, T0 + max_new_tokens)
         tokens, and with return_logits the (B, T0 + max_new_tokens - 1, V) logits that
-        produced every next token."""
+        produced every next token. on_token(tokens so far) is called after each new
+        token (for streaming); with stop_token, generation ends early once every row has
+        produced it (rows that stopped earlier run on: cut them at their first stop_token)."""
         B, T0 = idx.shape
         if T0 + max_new_tokens > self.config.block_size:
             raise ValueError(f"prompt {T0} + {max_new_tokens} new tokens exceeds block_size {self.config.block_size}")
@@ -569,9 +578,16 @@ class GPT(nn.Module):
         logits, state = self.prefill(idx, cache, prefill, prefill_iters)
         all_logits = [logits]
         out = [idx]
+        done = torch.zeros(B, 1, dtype=torch.bool, device=idx.device)
         for step in range(max_new_tokens):
             tok = sample(logits[:, -1], temperature, top_k, generator)  # (B, 1)
             out.append(tok)
+            if on_token is not None:
+                on_token(torch.cat(out, 1))
+            if stop_token is not None:
+                done |= tok == stop_token
+                if done.all():
+                    break
             if step < max_new_tokens - 1:
                 logits, state = self.decode_step(tok, T0 + step, state, cache)
                 all_logits.append(logits)

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from configurator import configure, fail
-from model import GPT, GPTConfig, KVCache, CheckpointError, load_checkpoint, sample
+from model import GPT, GPTConfig, CheckpointError, load_checkpoint
 from prepare import load_meta, load_split, load_answers, get_tokenizer, extract_answer
 
 # -----------------------------------------------------------------------------
@@ -107,34 +107,6 @@ def encode_prompt(text, meta, encode):
     return ids, 0
 
 
-@torch.no_grad()
-def generate_stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, prefill='exact', prefill_iters=8,
-                    generator=None, on_token=None, stop_token=None):
-    """model.generate, step by step (same calls in the same order, so the same tokens for
-    the same generator), calling on_token(tokens so far) after every new token. With
-    stop_token, it stops early once every row has produced it (rows that stopped before
-    the others run on: cut them at their first stop_token)."""
-    B, T0 = idx.shape
-    if T0 + max_new_tokens > model.config.block_size:
-        raise ValueError(f"prompt {T0} + {max_new_tokens} new tokens exceeds block_size {model.config.block_size}")
-    cache = KVCache(model.config.n_layer, T0 + max_new_tokens)
-    logits, state = model.prefill(idx, cache, prefill, prefill_iters)
-    out = [idx]
-    done = torch.zeros(B, 1, dtype=torch.bool, device=idx.device)
-    for step in range(max_new_tokens):
-        tok = sample(logits[:, -1], temperature, top_k, generator)  # (B, 1)
-        out.append(tok)
-        if on_token is not None:
-            on_token(torch.cat(out, 1))
-        if stop_token is not None:
-            done |= tok == stop_token
-            if done.all():
-                break
-        if step < max_new_tokens - 1:
-            logits, state = model.decode_step(tok, T0 + step, state, cache)
-    return torch.cat(out, 1)
-
-
 def printer(decode, skip, shown):
     """on_token callback: print the new text. Decodes everything so far and prints what is
     new after the text already shown, holding back a trailing U+FFFD (half of a multi-byte
@@ -199,7 +171,7 @@ def evaluate_answers(model, data_dir, meta, split, max_new_tokens, batch_size, d
             chunk = rows[j:j + batch_size]
             idx = torch.from_numpy(np.asarray(X[chunk, :P], dtype=np.int64)).to(device)
             with ctx:
-                out = generate_stream(model, idx, new, temperature=0, prefill=prefill, stop_token=eos)
+                out = model.generate(idx, new, temperature=0, prefill=prefill, stop_token=eos)
             for i, ids in zip(chunk, out[:, P:].tolist()):
                 ids = ids[:ids.index(eos)] if eos in ids else ids
                 texts[i] = decode(ids)
@@ -275,7 +247,7 @@ if __name__ == '__main__':
             prompt_text = decode(ids[skip:]).rstrip('\ufffd')
             print(prompt_text, end='', flush=True)
             on_token, shown = printer(decode, skip, prompt_text)
-            y = generate_stream(model, idx, max_new_tokens, on_token=on_token, **kw)
+            y = model.generate(idx, max_new_tokens, on_token=on_token, **kw)
             text = decode(y[0, skip:].tolist())
             print(text[len(shown[0]):] if text.startswith(shown[0]) else '\n' + text)
             print('---------------')

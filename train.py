@@ -72,6 +72,7 @@ rope_theta = 10000.0
 norm_eps = 1e-5
 dropout = 0.0
 tie_embeddings = True
+attn_window = 0          # > 0: sliding-window attention over the last attn_window tokens
 recurrence = 't2mlr'     # 'none' | 't2mlr' | 'lrt'
 rec_start = 0
 rec_end = -1             # -1 = last layer
@@ -200,7 +201,8 @@ def train_batches():
 
 model_args = dict(block_size=block_size, vocab_size=meta['vocab_size'], n_layer=n_layer, n_head=n_head,
                   n_kv_head=n_kv_head, n_embd=n_embd, mlp_hidden=mlp_hidden, rope_theta=rope_theta,
-                  norm_eps=norm_eps, dropout=dropout, tie_embeddings=tie_embeddings, recurrence=recurrence,
+                  norm_eps=norm_eps, dropout=dropout, tie_embeddings=tie_embeddings, attn_window=attn_window,
+                  recurrence=recurrence,
                   rec_start=rec_start, rec_end=rec_end, reset_token=meta.get('reset_token'),
                   rec_residual=rec_residual, rec_proj=rec_proj,
                   rec_gate_gain=rec_gate_gain or (1.0 if init_from in ('scratch', 'resume') else 1e-2),

@@ -31,28 +31,19 @@ def rope(x, theta, positions=None):
 
 
 def attention(model, i, a, mem, on=None):
-    # a: (T, d) normed input of block i for ONE sequence; mem: (T, d) or None
+    # a: (T, d) normed input of block i for ONE sequence at positions 0..T-1; mem: (T, d) or None
     c, att = model.config, model.h[i].attn
     T, hd = a.shape[0], c.n_embd // c.n_head
-    q = (a @ att.wq.weight.T).view(T, c.n_head, hd)
-    k = (a @ att.wk.weight.T).view(T, c.n_kv_head, hd)
-    v = (a @ att.wv.weight.T).view(T, c.n_kv_head, hd)
-    if mem is not None and att.lrt_gate is not None:
-        j = 0 if c.lrt_shared else i - c.rec_start
-        fk = (mem @ model.lrt_fb_k[j].weight.T).view(T, c.n_kv_head, hd)
-        fv = (mem @ model.lrt_fb_v[j].weight.T).view(T, c.n_kv_head, hd)
-        g = 2 * torch.sigmoid(a @ att.lrt_gate.weight.T)  # (T, 2*Hkv): first Hkv local, then feedback
-        gl, gf = g[:, :c.n_kv_head, None], g[:, c.n_kv_head:, None]
-        kr, vr = gl * k + gf * fk, gl * v + gf * fv
-        k = kr if on is None else torch.where(on[:, None, None], kr, k)
-        v = vr if on is None else torch.where(on[:, None, None], vr, v)
-    q, k = rope(q, c.rope_theta), rope(k, c.rope_theta)
+    q, k, v = qkv(model, i, a, mem, None, on)
     rep = c.n_head // c.n_kv_head
     k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     ys = []
     for h in range(c.n_head):
         scores = q[:, h] @ k[:, h].T / math.sqrt(hd)
-        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float('-inf'))
+        hide = torch.ones(T, T, dtype=torch.bool).triu(1)  # the future
+        if c.attn_window > 0:
+            hide |= torch.ones(T, T, dtype=torch.bool).tril(-c.attn_window)  # beyond the window
+        scores = scores.masked_fill(hide, float('-inf'))
         ys.append(torch.softmax(scores, -1) @ v[:, h])
     return torch.cat(ys, -1) @ att.wo.weight.T
 
@@ -146,8 +137,9 @@ def naive_plain(model, idx):
 # -----------------------------------------------------------------------------
 # a naive interleaved-subset scheme (DESIGN.md 7), one sequence, one position at a time
 
-def qkv(model, i, a, mem, positions):
-    """Per-position q, k, v (after RoPE) of block i for rows a (n, d) at positions."""
+def qkv(model, i, a, mem, positions, on=None):
+    """Per-position q, k, v (after RoPE) of block i for rows a (n, d) at positions
+    (None: 0..n-1); on: (n,) bool, where the LRT key/value injection applies."""
     c, att = model.config, model.h[i].attn
     n, hd = a.shape[0], c.n_embd // c.n_head
     q = (a @ att.wq.weight.T).view(n, c.n_head, hd)
@@ -156,9 +148,11 @@ def qkv(model, i, a, mem, positions):
     if mem is not None and att.lrt_gate is not None:
         j = 0 if c.lrt_shared else i - c.rec_start
         g = 2 * torch.sigmoid(a @ att.lrt_gate.weight.T)
-        gl, gf = g[:, :c.n_kv_head, None], g[:, c.n_kv_head:, None]
-        k = gl * k + gf * (mem @ model.lrt_fb_k[j].weight.T).view(n, c.n_kv_head, hd)
-        v = gl * v + gf * (mem @ model.lrt_fb_v[j].weight.T).view(n, c.n_kv_head, hd)
+        gl, gf = g[:, :c.n_kv_head, None], g[:, c.n_kv_head:, None]  # first Hkv local, then feedback
+        kr = gl * k + gf * (mem @ model.lrt_fb_k[j].weight.T).view(n, c.n_kv_head, hd)
+        vr = gl * v + gf * (mem @ model.lrt_fb_v[j].weight.T).view(n, c.n_kv_head, hd)
+        k = kr if on is None else torch.where(on[:, None, None], kr, k)
+        v = vr if on is None else torch.where(on[:, None, None], vr, v)
     return rope(q, c.rope_theta, positions), rope(k, c.rope_theta, positions), v
 
 
@@ -183,7 +177,8 @@ def pass_with_buffer(model, x, positions, states, K, V):
         for r, p in enumerate(positions):
             heads = []
             for h in range(c.n_head):
-                kk, vv = K[i][:p + 1, h // rep], V[i][:p + 1, h // rep]
+                lo = max(0, p + 1 - c.attn_window) if c.attn_window > 0 else 0
+                kk, vv = K[i][lo:p + 1, h // rep], V[i][lo:p + 1, h // rep]
                 heads.append(torch.softmax(kk @ q[r, h] / math.sqrt(hd), -1) @ vv)
             rows.append(torch.cat(heads))
         x = x + torch.stack(rows) @ b.attn.wo.weight.T

@@ -13,7 +13,7 @@ import torch
 
 import prepare
 from model import GPT, GPTConfig, save_checkpoint
-from sample import generate_stream, evaluate, encode_prompt, read_prompt
+from sample import evaluate, encode_prompt, read_prompt
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE = os.path.join(REPO, 'sample.py')
@@ -106,14 +106,19 @@ def test_eval_split(setup):
 @pytest.mark.parametrize('recurrence', ['t2mlr', 'lrt', 'none'])
 @pytest.mark.parametrize('prefill', ['exact', 'jacobi'])
 def test_stream_equals_generate(recurrence, prefill):
+    # streaming (on_token) sees every token and changes nothing; stop_token ends early
     model = tiny_gpt(11, recurrence, seed=1, reset_token=3).eval()
     idx = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
     kw = dict(temperature=1.0, top_k=5, prefill=prefill, prefill_iters=3)
     want = model.generate(idx, 12, generator=torch.Generator().manual_seed(0), **kw)
     seen = []
-    got = generate_stream(model, idx, 12, generator=torch.Generator().manual_seed(0),
-                          on_token=lambda ids: seen.append(ids.size(1)), **kw)
+    got = model.generate(idx, 12, generator=torch.Generator().manual_seed(0),
+                         on_token=lambda ids: seen.append(ids.size(1)), **kw)
     assert torch.equal(got, want) and seen == list(range(9, 21))
+    stop = want[0, 10].item()  # the third new token
+    first = (want[0, 8:] == stop).nonzero()[0].item()
+    cut = model.generate(idx, 12, generator=torch.Generator().manual_seed(0), stop_token=stop, **kw)
+    assert torch.equal(cut, want[:, :8 + first + 1])
 
 
 def test_char_dataset_and_scratch(tmp_path):

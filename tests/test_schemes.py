@@ -185,3 +185,22 @@ def test_rec_mask_prompt_runs_plain(kw):
     pm = torch.ones_like(out, dtype=torch.bool)
     pm[:, :4] = False
     torch.testing.assert_close(logits, m(out, mode='exact', rec_mask=pm)[0][:, :-1], **TOL)
+
+
+@pytest.mark.parametrize('kw', [STYLES[0], STYLES[3], dict(recurrence='none')], ids=['t2mlr', 'lrt', 'plain'])
+def test_attention_window_everywhere(kw):
+    # a sliding attention window (attn_window=3 < T) is honoured by every path
+    from reference import naive_exact, naive_interleaved
+    m = make(reset_token=0, attn_window=3, **kw)
+    idx = doc_tokens()
+    T = idx.size(1)
+    exact = m(idx, mode='exact')[0]
+    torch.testing.assert_close(exact, naive_exact(m, idx), **TOL)
+    out, logits = m.generate(idx[:, :5], 6, temperature=0, return_logits=True)
+    torch.testing.assert_close(logits, m(out, mode='exact')[0][:, :-1], **TOL)
+    if kw['recurrence'] != 'none':
+        torch.testing.assert_close(m(idx, mode='jacobi', n_iter=T, n_grad=1)[0], exact, **TOL)
+        torch.testing.assert_close(m(idx, mode='interleaved', n_subsets=2)[0], naive_interleaved(m, idx, 2), **TOL)
+    # and the window changes the model (it is not silently ignored)
+    m.config.attn_window = 0
+    assert (m(idx, mode='exact')[0] - exact).abs().max() > 1e-4
