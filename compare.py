@@ -76,7 +76,7 @@ def run(name, seed):
     cmd = [sys.executable, os.path.join(here, 'train.py')] + [os.path.join(here, a) if a.endswith('.py') else a
                                                              for a in MODELS[name]]
     cmd += [f'--data_root={data_root}', f'--dataset={dataset}', f'--out_dir={run_dir}', f'--seed={seed}',
-            f'--max_iters={max_iters}', f'--eval_interval={max_iters}', '--eval_first=False'] + quick_args + extra.split()
+            f'--max_iters={max_iters}', f'--eval_interval={max_iters}', '--eval_first=False', '--eval_examples=1000'] + quick_args + extra.split()
     print(f"{name} seed {seed}: {' '.join(cmd[1:])}", flush=True)
     t0 = time.time()
     p = subprocess.run(cmd)
@@ -138,16 +138,17 @@ try:
 except ImportError:
     print("matplotlib is not installed: no plot (pip install matplotlib)")
 else:
-    fig, ax = plt.subplots(figsize=(5, 3.5))
+    fig, ax = plt.subplots(figsize=(6.5, 4))
     for name in names:
         ms = [summary[name][f'em_exact@{L}'] for L in lengths]
-        ax.errorbar(lengths, [m for m, _ in ms], yerr=[s for _, s in ms], marker='o', capsize=3, label=name)
+        ax.errorbar(lengths, [m for m, _ in ms], yerr=[s for _, s in ms], marker='o', capsize=3, label=name,
+                    ls='--' if '_w' in name else '-')  # dashed: with an attention window
     ax.axvline(lengths[0], color='gray', lw=0.5, ls='--')
     ax.set_xlabel('sequence length (train: up to %d)' % lengths[0])
     ax.set_ylabel('exact match (exact recurrence)')
     ax.set_title(dataset)
     ax.set_ylim(-0.05, 1.05)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc='lower left')
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, 'accuracy.png'), dpi=120)
     print(f"wrote {os.path.join(out_dir, 'accuracy.png')}")

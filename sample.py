@@ -54,6 +54,7 @@ eval_batch_size = 64
 seed = 1337
 device = 'cpu'           # 'cpu', 'cuda', 'cuda:1', ...
 dtype = 'float32'        # 'float32' | 'bfloat16' (autocast)
+attn_window = -1         # >= 0: run with this attention window instead of the model's (0 = full attention)
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
 
@@ -222,6 +223,8 @@ if __name__ == '__main__':
         model = scratch_model(meta, device)
     if meta['vocab_size'] > model.config.vocab_size:
         fail(f"dataset {meta['name']} has {meta['vocab_size']} tokens but the model only {model.config.vocab_size}")
+    if attn_window >= 0:  # e.g. test a full-attention model with a window (a diagnostic)
+        model.config.attn_window = attn_window
     model.eval()
     print(f"model: {model.config.recurrence}, {model.config.n_layer} layers, d={model.config.n_embd}, "
           f"{model.get_num_params() / 1e6:.2f}M parameters; data: {meta['name']}", file=sys.stderr)

@@ -13,5 +13,6 @@ max_iters = 1000
 learning_rate = 2e-3
 min_lr = 2e-4
 warmup_iters = 50
-eval_interval = 250
+eval_interval = 500
+eval_examples = 500      # rows per test split for accuracy (compare.py overrides to 1000)
 log_interval = 50
