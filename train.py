@@ -14,7 +14,7 @@ Evaluation always reports the loss under the training approximation AND under th
 exact sequential recurrence (what generation computes); their gap is the
 approximation error. Judge recurrent models by the exact numbers.
 
-Retrofit (docs/retrofit.md): init_from=<Hugging Face Llama name or folder> starts from a
+Retrofit (README, "Retrofit a pretrained model"): init_from=<Hugging Face Llama name or folder> starts from a
 pretrained model with the recurrence at identity. Prompt/response data (prepare.py jsonl,
 gsm8k) carries a per-position recurrence mask: the prompt runs as the plain model, the
 response carries the state, in training and in both evaluations, as in generation.
