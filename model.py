@@ -4,7 +4,7 @@ One GPT with latent token-to-token recurrence, in one file.
 The backbone is a Llama-style decoder (RMSNorm, RoPE, grouped-query attention,
 SwiGLU, no biases). On top of it, a constant-size recurrent state carries the
 hidden state of token t-1 at a *source* layer (rec_end) into an earlier layer of
-token t. Two fusion styles (see ../shared/DESIGN.md sections 3 and 4):
+token t. Two fusion styles (see docs/DESIGN.md sections 3 and 4):
 
   't2mlr'  T2MLR (Cai et al. 2026): a gated fusion Phi(h, R) at the input of
            block rec_start; state R_t read at the output of block rec_end.
@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 @dataclass
 class GPTConfig:
-    block_size: int = 1024      # max sequence length (RoPE table and KV cache size)
+    block_size: int = 1024      # max sequence length (RoPE table size; caps prompt + generated tokens)
     vocab_size: int = 50304
     n_layer: int = 12
     n_head: int = 12
@@ -263,7 +263,7 @@ class T2MLRFusion(nn.Module):
         self.w_rec = nn.Linear(d, d, bias=False) if config.rec_proj else None
         self.f_cur = nn.Linear(2 * d, d, bias=True)
         self.f_rec = nn.Linear(2 * d, d, bias=True)
-        # scalar gates, fp32 (model.double() makes them fp64, which is fine; bf16 never touches them)
+        # scalar gates, fp32 (train.py's bf16 is autocast, which leaves them fp32; .double() makes them fp64)
         self.g_cur = nn.Parameter(torch.zeros((), dtype=torch.float32))
         self.g_rec = nn.Parameter(torch.zeros((), dtype=torch.float32))
 
@@ -500,7 +500,7 @@ class GPT(nn.Module):
         S, L = n_subsets, self.config.n_layer
         if not 1 <= S <= T:
             raise ValueError(f"interleaved needs 1 <= n_subsets <= T={T}, got {S}")
-        buf = KVCache(L, T)  # keys/values of every state-reading layer, by original position
+        buf = KVCache(L, T)  # keys/values of blocks s..L-1 (all recomputed per subset), by original position
         xs = self.run_blocks(self.drop(self.wte(idx)), 0, self.s - 1, range(T))  # below: once
         # 1. init pass with zero memory; keep keys/values and the source states
         zero = xs.new_zeros(B, T, self.config.n_embd)

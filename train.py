@@ -223,6 +223,7 @@ try:
         iter_num, best_val_loss = ckpt['iter_num'], ckpt['best_val_loss']
     else:  # retrofit a pretrained Llama-family checkpoint
         rec = {k: model_args[k] for k in model_args if k.startswith(('rec', 'lrt_')) or k in ('dropout', 'reset_token')}
+        rec['lrt_identity_init'] = True  # a retrofit starts at identity: LRT's gamma = 0, W_fb = 0
         model = GPT.from_pretrained(init_from, **rec)  # the backbone's shape and vocab come from the checkpoint
         model_args = asdict(model.config)
         pretrained = init_from
