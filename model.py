@@ -341,14 +341,16 @@ class GPT(nn.Module):
     # ------------------------------------------------------------------
     # the primitive: run blocks a..b at positions pos
 
-    def run_blocks(self, x, a, b, pos, state_in=None, cache=None, rec_mask=None):
+    def run_blocks(self, x, a, b, pos, state_in=None, cache=None, rec_mask=None, shared_kv=None):
         """x: (B, len(pos), d), the residual stream at the input of block a, for the
         tokens at original positions pos (a python range). state_in: (B, len(pos), d),
         the state each of those tokens reads (R_{t-1} or m_{t-1}); None runs the plain
         model (no fusion, no injection). cache: a KVCache to write keys into and attend
         over (None: the positions are 0..T-1 and attend among themselves).
         rec_mask: optional (B, len(pos)) bool, False where a token runs as the plain
-        model even though it has a state (T2MLR's prompt positions in fine-tuning)."""
+        model even though it has a state (T2MLR's prompt positions in fine-tuning).
+        shared_kv: LRT-shared's W_fb projections of state_in (self.shared_kv), when the
+        caller runs two segments on the same state and wants them computed once."""
         if a > b:
             return x
         rec_on = None if rec_mask is None else rec_mask.unsqueeze(-1)  # (B, T, 1)
@@ -363,7 +365,6 @@ class GPT(nn.Module):
             mask = kpos[None, :] <= qpos[:, None]
             if W > 0:
                 mask = mask & (kpos[None, :] > qpos[:, None] - W)
-        shared_kv = None
         for i in range(a, b + 1):
             if state_in is not None and i == self.s and self.fusion is not None:
                 x = where_on(rec_on, self.fusion(x, state_in), x)  # T2MLR: fuse at the input of block s
@@ -379,6 +380,12 @@ class GPT(nn.Module):
                         mem_kv = self._fb_kv(i - self.s, mem)
             x = self.h[i](x, rope, pos, mask, cache, i, mem, mem_kv, rec_on)
         return x
+
+    def shared_kv(self, state_in):
+        """LRT-shared: (W_fb_k m, W_fb_v m), one projection for every layer; else None."""
+        if state_in is None or self.lrt_fb_k is None or not self.config.lrt_shared:
+            return None
+        return self._fb_kv(0, state_in)
 
     def _fb_kv(self, j, mem):
         B, T, _ = mem.shape
@@ -481,11 +488,12 @@ class GPT(nn.Module):
         for it in range(n_iter):
             # 2. early iterations build no graph: only the last n_grad backpropagate
             with torch.set_grad_enabled(grad and it >= n_iter - n_grad):
-                h = self.run_blocks(x, self.s, self.e, range(T), state_in, cache, rec_mask)
+                kv = self.shared_kv(state_in)
+                h = self.run_blocks(x, self.s, self.e, range(T), state_in, cache, rec_mask, kv)
                 if it < n_iter - 1:
                     state_in = self.shift_states(self.next_state(h, state_in), idx, rec_mask)
         # 3. final pass continues through the layers above with the state it read
-        x = self.run_blocks(h, self.e + 1, self.config.n_layer - 1, range(T), state_in, cache, rec_mask)
+        x = self.run_blocks(h, self.e + 1, self.config.n_layer - 1, range(T), state_in, cache, rec_mask, kv)
         return x, state_in, h
 
     def forward_jacobi(self, idx, targets=None, n_iter=8, n_grad=4, rec_mask=None):
@@ -504,18 +512,20 @@ class GPT(nn.Module):
         xs = self.run_blocks(self.drop(self.wte(idx)), 0, self.s - 1, range(T))  # below: once
         # 1. init pass with zero memory; keep keys/values and the source states
         zero = xs.new_zeros(B, T, self.config.n_embd)
-        h = self.run_blocks(xs, self.s, self.e, range(T), zero, buf, rec_mask)
+        kv = self.shared_kv(zero)
+        h = self.run_blocks(xs, self.s, self.e, range(T), zero, buf, rec_mask, kv)
         states = self.next_state(h, zero)  # (B, T, d) latest state produced by each token
-        logits0, loss0 = self._logits_loss(self.run_blocks(h, self.e + 1, L - 1, range(T), zero, buf, rec_mask), targets)
+        logits0, loss0 = self._logits_loss(self.run_blocks(h, self.e + 1, L - 1, range(T), zero, buf, rec_mask, kv), targets)
         logits, losses = torch.empty_like(logits0), [loss0]
         # 2. refine the subsets in order; each sees the states refined before it
         for i in range(S):
             P = range(i, T, S)
             m = None if rec_mask is None else rec_mask[:, i::S]
             st = self.shift_states(states, idx, rec_mask)[:, i::S]  # memory shift(h_latest) at P
-            h = self.run_blocks(xs[:, i::S], self.s, self.e, P, st, buf, m)
+            kv = self.shared_kv(st)
+            h = self.run_blocks(xs[:, i::S], self.s, self.e, P, st, buf, m, kv)
             states = states.slice_scatter(self.next_state(h, st), dim=1, start=i, end=T, step=S)
-            out = self.run_blocks(h, self.e + 1, L - 1, P, st, buf, m)
+            out = self.run_blocks(h, self.e + 1, L - 1, P, st, buf, m, kv)
             logits_i, loss_i = self._logits_loss(out, None if targets is None else targets[:, i::S])
             logits[:, i::S] = logits_i
             losses.append(loss_i)
@@ -557,9 +567,10 @@ class GPT(nn.Module):
         if self.rec == 'none':
             return self._logits_loss(self.run_blocks(x, 0, self.config.n_layer - 1, pos, None, cache), None)[0], None
         st = self._reset(state[:, None], tok)
-        h = self.run_blocks(x, 0, self.e, pos, st, cache)
+        kv = self.shared_kv(st)  # once per token, for every layer
+        h = self.run_blocks(x, 0, self.e, pos, st, cache, None, kv)
         new_state = self.next_state(h, st)[:, 0]
-        x = self.run_blocks(h, self.e + 1, self.config.n_layer - 1, pos, st, cache)
+        x = self.run_blocks(h, self.e + 1, self.config.n_layer - 1, pos, st, cache, None, kv)
         return self._logits_loss(x, None)[0], new_state
 
     @torch.no_grad()
