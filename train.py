@@ -433,6 +433,9 @@ try:
                           'dt_ms': dt * 1000, 'tok_per_s': tokens_per_iter / dt, 'mfu': mfu})
                 if wandb_log:
                     wandb.log({'iter': iter_num, 'train/loss': lossf.item(), 'lr': lr, 'mfu': mfu})
+    if ddp:
+        # rank 0 may still be evaluating and saving: tearing gloo down under it aborts
+        dist.barrier()
 except KeyboardInterrupt:
     if master and iter_num > 0:
         save_checkpoint(checkpoint(), ckpt_path)
