@@ -60,6 +60,10 @@ class GPTConfig:
     rec_residual: bool = True   # m_t = h^(e)_t + R_{t-1} (else m_t = h^(e)_t)
     rec_proj: bool = True       # r = W_rec R (else r = R)
     rec_gate_gain: float = 1.0  # xavier gain of f_cur/f_rec (1e-2 for fine-tuning)
+    rec_residual_detach: bool = False  # m_t = h^(e)_t + sg(R_{t-1}): no gradient through the residual (official option)
+    # Jacobi (DESIGN.md 6): what the first span pass reads. 'plain': no fusion, and each
+    # token hands on its raw h^(e) (the official code); 'zero': the zero state, fused
+    jacobi_init: str = 'plain'
     # LRT options (DESIGN.md section 4)
     lrt_inject: str = 'both'    # 'kv' | 'residual' | 'both'
     lrt_shared: bool = True     # one W_fb_k/W_fb_v pair for all layers (else one per layer)
@@ -90,6 +94,8 @@ class GPTConfig:
             bad(f"dropout={self.dropout} must be in [0, 1)")
         if self.recurrence not in ('none', 't2mlr', 'lrt'):
             bad(f"unknown recurrence {self.recurrence!r}; expected 'none', 't2mlr' or 'lrt'")
+        if self.jacobi_init not in ('plain', 'zero'):
+            bad(f"unknown jacobi_init {self.jacobi_init!r}; expected 'plain' (the official code) or 'zero'")
         if self.lrt_inject not in ('kv', 'residual', 'both'):
             bad(f"unknown lrt_inject {self.lrt_inject!r}; expected 'kv', 'residual' or 'both'")
         if self.recurrence != 'none':
@@ -322,7 +328,9 @@ class GPT(nn.Module):
         if self.fusion is not None:
             for f in (self.fusion.f_cur, self.fusion.f_rec):
                 nn.init.xavier_normal_(f.weight, gain=c.rec_gate_gain)
-                nn.init.zeros_(f.bias)
+                nn.init.zeros_(f.bias)  # sigmoid(0) = 0.5: the official S5/GSM8K recipes' gate init
+            if self.fusion.w_rec is not None:
+                self.fusion.w_rec.reset_parameters()  # PyTorch's default Linear init, as the official code
         if self.lrt_fb_k is not None and c.lrt_identity_init:
             for lin in list(self.lrt_fb_k) + list(self.lrt_fb_v):
                 nn.init.zeros_(lin.weight)
@@ -392,14 +400,19 @@ class GPT(nn.Module):
         shape = (B, T, self.config.n_kv_head, self.config.n_embd // self.config.n_head)
         return self.lrt_fb_k[j](mem).view(shape), self.lrt_fb_v[j](mem).view(shape)
 
-    def next_state(self, h, state_in):
-        """The state token t hands to token t+1, from h = h^(e)_t and the state it read."""
+    def next_state(self, h, state_in, rec_mask=None):
+        """The state token t hands to token t+1, from h = h^(e)_t and the state it read.
+        rec_mask: optional (B, T) bool; a T2MLR token that ran as the plain model (False)
+        hands on its raw h^(e)_t, unscaled and without the residual (the official code)."""
         if self.rec == 't2mlr':
             # m_t = h^(e)_t + R_{t-1};  R_t = m_t * clamp(1/rms(m_t), 1/5, 5), the scale under detach
-            m = h + state_in if (self.config.rec_residual and state_in is not None) else h
+            R = state_in
+            if R is not None and self.config.rec_residual_detach:
+                R = R.detach()  # the official S5 and GSM8K recipes cut the gradient through the residual
+            m = h + R if (self.config.rec_residual and R is not None) else h
             scale = torch.rsqrt(m.detach().pow(2).mean(-1, keepdim=True) + 1e-6).clamp(0.2, 5.0)
-            return m * scale
-        # LRT: m_t = rmsnorm(h^(e)_t), no weight
+            return where_on(None if rec_mask is None else rec_mask.unsqueeze(-1), m * scale, h)
+        # LRT: m_t = rmsnorm(h^(e)_t), no weight, at every position
         return F.rms_norm(h, (h.size(-1),), eps=self.config.norm_eps)
 
     def shift_states(self, states, idx, rec_mask=None):
@@ -410,7 +423,7 @@ class GPT(nn.Module):
 
     def _reset(self, state_in, idx, rec_mask=None):
         """Zero the state read at document starts, and where the recurrence is off
-        (so a plain position also hands on the plain state next_state(h, 0))."""
+        (a plain position reads nothing; what it hands on is next_state's business)."""
         if self.config.reset_token is not None:
             state_in = state_in * (idx != self.config.reset_token).unsqueeze(-1).to(state_in.dtype)
         if rec_mask is not None:
@@ -434,7 +447,8 @@ class GPT(nn.Module):
         rec_mask: optional (B, T) bool, where the recurrence is on (default: everywhere).
         mode: 'plain'       the backbone alone, recurrence bypassed
               'exact'       the exact sequential recurrence (what generation computes)
-              'jacobi'      Jacobi iterations, n_iter span passes, gradient through the last n_grad
+              'jacobi'      Jacobi iterations as the official code: an initial pass, n_iter - 1
+                            iterations (gradient through the last n_grad) and a final pass
               'interleaved' n_subsets strided subsets refined one after another
         With recurrence='none' every mode is the plain parallel forward."""
         self._check(idx)
@@ -461,7 +475,7 @@ class GPT(nn.Module):
             m = None if rec_mask is None else rec_mask[:, t:t + 1]
             st = self._reset(state, idx[:, t:t + 1], m)  # (B, 1, d) what token t reads
             h = self.run_blocks(x[:, t:t + 1], self.s, self.e, range(t, t + 1), st, cache, m)
-            state = self.next_state(h, st)
+            state = self.next_state(h, st, m)
             hs.append(h)
             ins.append(st)
         h, state_in = torch.cat(hs, 1), torch.cat(ins, 1)
@@ -473,26 +487,41 @@ class GPT(nn.Module):
         return self._logits_loss(x, targets)
 
     def _jacobi(self, idx, n_iter, n_grad, cache=None, rec_mask=None):
-        """Jacobi fixed-point iterations over the span (DESIGN.md 6). n_iter = D span
-        passes in all, the final one included; only the last n_grad = B carry gradient.
-        After k passes positions 0..k-1 are exact, so n_iter >= T is exact everywhere.
+        """Jacobi fixed-point iterations over the span (DESIGN.md 6), as the official code
+        runs them. D = n_iter, B = n_grad:
+          initial pass   the span without the state (jacobi_init='plain': no fusion, each
+                         token hands on its raw h^(e)) or with the zero state ('zero');
+          D-1 iterations fuse the shifted states, run the span, compute new states;
+                         only the last B carry gradient;
+          final pass     fuses the last states, runs the span and the layers above.
+        So the span runs D+1 times and B+1 passes carry gradient (all D+1 when B = D).
+        Exact positions after it: 0..D-1 ('plain') or 0..D ('zero'): n_iter >= T is exact.
         Returns (x_out, state_in, h_e) of the final pass."""
         B, T = idx.shape
-        if n_iter < 1 or not 0 <= n_grad <= n_iter:
+        D = n_iter
+        if D < 1 or not 0 <= n_grad <= D:
             raise ValueError(f"jacobi needs n_iter >= 1 and 0 <= n_grad <= n_iter, got {n_iter}, {n_grad}")
-        # 1. the layers below the span do not depend on the state: run them once
-        x = self.run_blocks(self.drop(self.wte(idx)), 0, self.s - 1, range(T), None, cache)
-        # the first span pass reads the zero state (exact at t = 0)
-        state_in = x.new_zeros(B, T, self.config.n_embd)
         grad = torch.is_grad_enabled()
-        for it in range(n_iter):
-            # 2. early iterations build no graph: only the last n_grad backpropagate
-            with torch.set_grad_enabled(grad and it >= n_iter - n_grad):
-                kv = self.shared_kv(state_in)
-                h = self.run_blocks(x, self.s, self.e, range(T), state_in, cache, rec_mask, kv)
-                if it < n_iter - 1:
-                    state_in = self.shift_states(self.next_state(h, state_in), idx, rec_mask)
-        # 3. final pass continues through the layers above with the state it read
+        # the layers below the span do not depend on the state: run them once
+        x = self.run_blocks(self.drop(self.wte(idx)), 0, self.s - 1, range(T), None, cache)
+        # 1. initial pass; it carries gradient only when every pass does (B = D)
+        with torch.set_grad_enabled(grad and n_grad >= D):
+            if self.config.jacobi_init == 'plain':
+                h = self.run_blocks(x, self.s, self.e, range(T), None, cache)
+                plain = torch.zeros(B, T, dtype=torch.bool, device=idx.device)
+                state_in = self.shift_states(self.next_state(h, None, plain), idx, rec_mask)
+            else:
+                zero = x.new_zeros(B, T, self.config.n_embd)
+                h = self.run_blocks(x, self.s, self.e, range(T), zero, cache, rec_mask, self.shared_kv(zero))
+                state_in = self.shift_states(self.next_state(h, zero, rec_mask), idx, rec_mask)
+        # 2. D-1 iterations; iteration d has D-1-d left and carries gradient when that is <= B
+        for d in range(D - 1):
+            with torch.set_grad_enabled(grad and D - 1 - d <= n_grad):
+                h = self.run_blocks(x, self.s, self.e, range(T), state_in, cache, rec_mask, self.shared_kv(state_in))
+                state_in = self.shift_states(self.next_state(h, state_in, rec_mask), idx, rec_mask)
+        # 3. final pass: the span, then the layers above, with the state it read
+        kv = self.shared_kv(state_in)
+        h = self.run_blocks(x, self.s, self.e, range(T), state_in, cache, rec_mask, kv)
         x = self.run_blocks(h, self.e + 1, self.config.n_layer - 1, range(T), state_in, cache, rec_mask, kv)
         return x, state_in, h
 
@@ -514,7 +543,7 @@ class GPT(nn.Module):
         zero = xs.new_zeros(B, T, self.config.n_embd)
         kv = self.shared_kv(zero)
         h = self.run_blocks(xs, self.s, self.e, range(T), zero, buf, rec_mask, kv)
-        states = self.next_state(h, zero)  # (B, T, d) latest state produced by each token
+        states = self.next_state(h, zero, rec_mask)  # (B, T, d) latest state produced by each token
         logits0, loss0 = self._logits_loss(self.run_blocks(h, self.e + 1, L - 1, range(T), zero, buf, rec_mask, kv), targets)
         logits, losses = torch.empty_like(logits0), [loss0]
         # 2. refine the subsets in order; each sees the states refined before it
@@ -524,7 +553,7 @@ class GPT(nn.Module):
             st = self.shift_states(states, idx, rec_mask)[:, i::S]  # memory shift(h_latest) at P
             kv = self.shared_kv(st)
             h = self.run_blocks(xs[:, i::S], self.s, self.e, P, st, buf, m, kv)
-            states = states.slice_scatter(self.next_state(h, st), dim=1, start=i, end=T, step=S)
+            states = states.slice_scatter(self.next_state(h, st, m), dim=1, start=i, end=T, step=S)
             out = self.run_blocks(h, self.e + 1, L - 1, P, st, buf, m, kv)
             logits_i, loss_i = self._logits_loss(out, None if targets is None else targets[:, i::S])
             logits[:, i::S] = logits_i
@@ -540,7 +569,7 @@ class GPT(nn.Module):
     def prefill(self, idx, cache, mode='exact', n_iter=8):
         """Process a prompt into the cache. Returns (logits (B,T,V), state (B,d)) where
         state is what the first generated token will read (before any reset).
-        mode: 'exact' | 'jacobi' (n_iter passes) | 'plain' (no recurrence in the prompt)."""
+        mode: 'exact' | 'jacobi' (D = n_iter, DESIGN.md 6) | 'plain' (no recurrence in the prompt)."""
         T = idx.size(1)
         if self.rec == 'none':
             x = self.run_blocks(self.wte(idx), 0, self.config.n_layer - 1, range(T), None, cache)
@@ -548,11 +577,14 @@ class GPT(nn.Module):
         if mode == 'exact':
             x, state = self._exact(idx, cache)
         elif mode == 'jacobi':
+            # the state of the last prompt token from the final pass (one refinement beyond
+            # the official code, which seeds decoding from its last iteration)
             x, state_in, h = self._jacobi(idx, n_iter, 0, cache)
             state = self.next_state(h[:, -1:], state_in[:, -1:])[:, 0]
         elif mode == 'plain':
             x = self.run_blocks(self.wte(idx), 0, self.e, range(T), None, cache)
-            state = self.next_state(x[:, -1:], None)[:, 0]  # as if the last prompt token read R = 0
+            plain = torch.zeros(idx.size(0), 1, dtype=torch.bool, device=idx.device)
+            state = self.next_state(x[:, -1:], None, plain)[:, 0]  # a plain token hands on its raw h^(e) (T2MLR)
             x = self.run_blocks(x, self.e + 1, self.config.n_layer - 1, range(T), None, cache)
         else:
             raise ValueError(f"unknown prefill mode {mode!r}; expected 'exact', 'jacobi' or 'plain'")
@@ -658,8 +690,10 @@ class GPT(nn.Module):
         elif mode in ('exact',):
             fwd = bwd = L * lf + hf + rec
         elif mode == 'jacobi':
-            fwd = (below + n_iter * span + above) * lf + hf + n_iter * rec
-            bwd = (below + n_grad * span + above) * lf + hf + n_grad * rec
+            # D+1 span passes, B+1 of them with gradient; a 'plain' initial pass fuses nothing
+            plain = c.jacobi_init == 'plain'
+            fwd = (below + (n_iter + 1) * span + above) * lf + hf + (n_iter + 1 - plain) * rec
+            bwd = (below + (n_grad + 1) * span + above) * lf + hf + (n_grad + 1 - (plain and n_grad == n_iter)) * rec
         elif mode == 'interleaved':
             # init pass over everything, then S subsets of T/S tokens through blocks s..L-1
             fwd = bwd = (below + 2 * (span + above)) * lf + 2 * hf + 2 * rec

@@ -8,7 +8,7 @@ $ torchrun --standalone --nproc_per_node=2 train.py config/t2mlr_small.py
 
 train_mode picks how the recurrence is made parallel for training (model.py):
   'plain'        no recurrence (the baseline; or a recurrent model's backbone alone)
-  'jacobi'       T2MLR's Jacobi iterations: n_iter span passes, gradient through the last n_grad
+  'jacobi'       T2MLR's Jacobi iterations as the official code runs them: D = n_iter, B = n_grad
   'interleaved'  LRT's strided subsets: n_subsets refinements on a shared key/value buffer
 Evaluation always reports the loss under the training approximation AND under the
 exact sequential recurrence (what generation computes); their gap is the
@@ -84,8 +84,10 @@ lrt_shared = True
 lrt_identity_init = False
 # training scheme
 train_mode = 'jacobi'    # 'plain' | 'jacobi' | 'interleaved'
-n_iter = 8               # Jacobi: D span passes (the final one included)
-n_grad = 4               # Jacobi: B last passes that carry gradient
+n_iter = 8               # Jacobi: D iterations as in the official code (D+1 span passes: initial, D-1, final)
+n_grad = 4               # Jacobi: B, the last iterations that carry gradient (plus the final pass)
+jacobi_init = 'plain'    # Jacobi: the initial pass runs the plain model (official) or reads the 'zero' state
+rec_residual_detach = False  # T2MLR: no gradient through R_{t-1} in m_t = h_t + R_{t-1} (official S5/GSM8K recipes)
 n_subsets = 2            # interleaved: S
 # optimizer
 learning_rate = 1e-3
@@ -116,6 +118,8 @@ if recurrence == 'none' and train_mode != 'plain':
     fail(f"train_mode={train_mode!r} needs a recurrence; use train_mode='plain' for recurrence='none'")
 if dtype not in ('float32', 'bfloat16', 'float16', 'float64'):
     fail(f"unknown dtype {dtype!r}")
+if jacobi_init not in ('plain', 'zero'):
+    fail(f"unknown jacobi_init {jacobi_init!r}; expected 'plain' (the official code) or 'zero'")
 # -----------------------------------------------------------------------------
 # processes and devices
 
@@ -204,7 +208,8 @@ model_args = dict(block_size=block_size, vocab_size=meta['vocab_size'], n_layer=
                   norm_eps=norm_eps, dropout=dropout, tie_embeddings=tie_embeddings, attn_window=attn_window,
                   recurrence=recurrence,
                   rec_start=rec_start, rec_end=rec_end, reset_token=meta.get('reset_token'),
-                  rec_residual=rec_residual, rec_proj=rec_proj,
+                  rec_residual=rec_residual, rec_proj=rec_proj, rec_residual_detach=rec_residual_detach,
+                  jacobi_init=jacobi_init,
                   rec_gate_gain=rec_gate_gain or (1.0 if init_from in ('scratch', 'resume') else 1e-2),
                   lrt_inject=lrt_inject, lrt_shared=lrt_shared, lrt_identity_init=lrt_identity_init)
 iter_num, best_val_loss, ckpt = 0, 1e9, None

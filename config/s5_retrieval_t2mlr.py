@@ -18,6 +18,7 @@ rec_end = 5
 train_mode = 'jacobi'
 n_iter = 16
 n_grad = 4
+rec_residual_detach = True   # as the official S5-Retrieval recipe (no gradient through R_{t-1} in m_t)
 batch_size = 32
 max_iters = 20000
 learning_rate = 1e-3

@@ -87,9 +87,15 @@ def full_model(model, ids, states, on=None):
     return rms(x, model.ln_f.weight, c.norm_eps) @ model.lm_head.weight.T, h_e
 
 
-def next_state(model, h, R_prev):
+def next_state(model, h, R_prev, off=False):
+    """The state a token hands on; off: the token ran as the plain model (T2MLR then
+    hands on its raw h, as the official code does)."""
     c = model.config
     if c.recurrence == 't2mlr':
+        if off:
+            return h
+        if c.rec_residual_detach:
+            R_prev = R_prev.detach()
         m = h + R_prev if c.rec_residual else h
         # the scale is a constant for autograd (computed under detach in the method)
         return m * min(max(1.0 / math.sqrt(m.pow(2).mean().item() + 1e-6), 0.2), 5.0)
@@ -116,7 +122,7 @@ def naive_exact(model, idx, grad=False, rec_mask=None):
                 logits, h_e = full_model(model, ids[:t + 1], S, None if on is None else on[:t + 1])
                 rows.append(logits[t])
                 if c.recurrence != 'none':
-                    prev = next_state(model, h_e[t], S[t])
+                    prev = next_state(model, h_e[t], S[t], off)
             out.append(torch.stack(rows))
     return torch.stack(out)
 

@@ -96,6 +96,7 @@ def test_smoke_config_t2mlr_small_and_eval(data, tmp_path):
     (['--not_a_key=1'], "unknown config key 'not_a_key'"),
     (['--batch_size=big'], 'batch_size must be int'),
     (['--train_mode=fast'], "unknown train_mode 'fast'"),
+    (['--jacobi_init=ones'], "unknown jacobi_init 'ones'"),
     (['--recurrence=t2mlr', '--rec_start=3', '--rec_end=1'], 'rec_end=1 < rec_start=3'),
     (['--dataset=nope'], 'prepare.py'),
     (['--init_from=resume', '--out_dir=/nonexistent'], 'no checkpoint'),
