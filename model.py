@@ -399,7 +399,7 @@ class GPT(nn.Module):
             if W > 0:
                 mask = mask & (kpos[None, :] > qpos[:, None] - W)
         if self.recorder is not None and state_in is not None and a <= self.s <= b:
-            record(self.recorder, 'state', pos, state_in.norm(dim=-1))  # (B, T) norm of the state read
+            record(self.recorder, 'state', pos, state_in)  # (B, T, d) the state read
         for i in range(a, b + 1):
             if state_in is not None and i == self.s and self.fusion is not None:
                 x = where_on(rec_on, self.fusion(x, state_in, pos), x)  # T2MLR: fuse at the input of block s
@@ -734,7 +734,7 @@ def where_on(rec_on, new, old):
 
 def record(recorder, key, pos, value):
     """Keep value (B, len(pos), ...), computed for the tokens at positions pos (a python
-    range), under key. Keys: 'state' (norm of the state read), 'gate_cur'/'gate_rec' (T2MLR's
+    range), under key. Keys: 'state' (the state read, (B, T, d)), 'gate_cur'/'gate_rec' (T2MLR's
     tanh(g) sigmoid(f), (B, T, d)), 'g.<layer>' (LRT's g_loc, g_fb: (B, T, 2, Hkv)),
     'gamma_m.<layer>'/'alpha_x.<layer>' (norms of LRT's two residual terms)."""
     recorder.setdefault(key, []).append((pos, value.detach()))
