@@ -369,7 +369,7 @@ class GPT(nn.Module):
             yield rec
         finally:
             for m in mods:
-                m.recorder = None
+                del m.recorder  # back to the class attribute None: the modules are as before
 
     # ------------------------------------------------------------------
     # the primitive: run blocks a..b at positions pos

@@ -101,6 +101,17 @@ def test_identity_init_reliance_gap_is_exactly_zero(recurrence, kw):
     assert not torch.equal(model(idx, mode='exact')[0], tiny(recurrence, dtype=torch.float32, **kw)(idx, mode='exact')[0])
 
 
+@pytest.mark.parametrize('recurrence', ['t2mlr', 'lrt'])
+def test_recording_changes_nothing(recurrence):
+    model = tiny(recurrence, dtype=torch.float32)
+    idx = torch.randint(5, (2, 7), generator=torch.Generator().manual_seed(6))
+    want = model(idx, mode='exact')[0]
+    with model.recording() as rec:
+        got = model(idx, mode='exact')[0]
+    assert torch.equal(got, want) and rec['state'][0][1].shape == (2, 1, 16)  # the span runs token by token
+    assert all(m.__dict__.get('recorder', 'gone') == 'gone' for m in model.modules())  # off again, no leftovers
+
+
 # -----------------------------------------------------------------------------
 # train.py: reliance and gate statistics in every evaluation
 
