@@ -348,7 +348,8 @@ def gate_stats():
     with raw_model.recording() as rec, autocast:
         raw_model(x, mode='exact', rec_mask=m)
     T = x.size(1)
-    mean = lambda t: t.float().mean().item()
+    # over the positions where the recurrence is on (prompt/response data: the response)
+    mean = lambda t: (t if m is None else t[m]).float().mean().item()
     out = {'gates/state': mean(recorded(rec, 'state', T).norm(dim=-1))}
     if raw_model.fusion is not None:
         f = raw_model.fusion
@@ -360,7 +361,7 @@ def gate_stats():
             blk = raw_model.h[i]
             if f'g.{i}' in rec:
                 g = recorded(rec, f'g.{i}', T)  # (B, T, 2, Hkv)
-                per.setdefault('g_loc', {})[i], per.setdefault('g_fb', {})[i] = mean(g[:, :, 0]), mean(g[:, :, 1])
+                per.setdefault('g_loc', {})[i], per.setdefault('g_fb', {})[i] = mean(g[..., 0, :]), mean(g[..., 1, :])
             if blk.lrt_gamma is not None:
                 per.setdefault('gamma', {})[i], per.setdefault('alpha', {})[i] = blk.lrt_gamma.item(), blk.lrt_alpha.item()
         for name, vals in per.items():
