@@ -141,8 +141,10 @@ def plot_gates():
     for ax in axes:
         ax.axhline(0, color='gray', lw=0.5)
         ax.set_xlabel('training step')
-        if ax.lines:
+        if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=6)
+        else:
+            ax.text(0.5, 0.5, 'no run of this style', ha='center', va='center', transform=ax.transAxes, color='gray')
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, 'gates.png'), dpi=120)
     print(f"wrote {os.path.join(out_dir, 'gates.png')}")
