@@ -235,12 +235,15 @@ def trace_values(model, idx, labels=None):
 
 def state_pc1(state):
     """(T, d) -> (T,): each state's coordinate along the first principal direction of this
-    input's states (centred over positions); sign fixed so the largest coordinate is positive.
-    A state that tracks a binary quantity (parity) shows it here as two levels."""
-    c = state.double() - state.double().mean(0)
-    if c.abs().max() == 0:
-        return c[:, 0]
-    pc = c @ torch.linalg.svd(c, full_matrices=False).Vh[0]
+    input's nonzero states (centred over those positions; the zero state at t = 0 or at a reset
+    would dominate it); sign fixed so the largest coordinate is positive. A state that tracks
+    a binary quantity (parity) shows it here as two levels."""
+    s = state.double()
+    fit = s[s.norm(dim=-1) > 0]
+    if len(fit) < 2:
+        return torch.zeros(len(s), dtype=torch.float64)
+    mu = fit.mean(0)
+    pc = (s - mu) @ torch.linalg.svd(fit - mu, full_matrices=False).Vh[0]
     return pc * torch.sign(pc[pc.abs().argmax()])
 
 

@@ -200,6 +200,12 @@ def test_trace_values_match_recomputation(recurrence):
         for k, v in want.items():
             assert cols[k][t] == pytest.approx(v, abs=1e-10), (k, t)
     assert cols['label'] == list(range(9)) and cols['token'] == ids.tolist()
+    # the state's first principal coordinate, fitted on the nonzero states (all but t = 0), up to sign
+    import numpy as np
+    S = naive_states(model, ids).numpy()
+    mu = S[1:].mean(0)
+    pc = (S - mu) @ np.linalg.svd(S[1:] - mu)[2][0]
+    np.testing.assert_allclose(np.abs(cols['state_pc1']), np.abs(pc), atol=1e-8, rtol=0)
 
 
 @pytest.fixture(scope='module')
