@@ -202,7 +202,7 @@ def test_trace_values_match_recomputation(recurrence):
     assert cols['label'] == list(range(9)) and cols['token'] == ids.tolist()
     # the state's first principal coordinate, fitted on the nonzero states (all but t = 0), up to sign
     import numpy as np
-    S = naive_states(model, ids).numpy()
+    S = naive_states(model, ids).detach().numpy()
     mu = S[1:].mean(0)
     pc = (S - mu) @ np.linalg.svd(S[1:] - mu)[2][0]
     np.testing.assert_allclose(np.abs(cols['state_pc1']), np.abs(pc), atol=1e-8, rtol=0)
