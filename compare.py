@@ -7,9 +7,17 @@ $ python prepare.py s5 --group=Z2 && python compare.py
 
 Runs train.py once per (model, seed), one after another, each in its own out_dir
 under out_dir/, then writes out_dir/results.md, out_dir/results.json and
-out_dir/accuracy.png (if matplotlib is installed). A run whose final evaluation is
-already in its log is not run again, so an interrupted comparison picks up where
-it stopped.
+out_dir/accuracy.png (if matplotlib is installed), and out_dir/gates.png: the gate
+statistics each run logs during training (train.py's gate_interval), i.e. how the
+recurrence switches on from identity. A run whose final evaluation is already in its
+log is not run again, so an interrupted comparison picks up where it stopped.
+
+$ python compare.py --models=... --reliance=True
+
+trains nothing: it loads every finished run's checkpoint and writes
+out_dir/reliance.md/.json, the loss, token accuracy and exact match on the test split
+at the training length with the exact recurrence and with the state forced to zero at
+every position (model.py's mode='zero'), and redraws gates.png from the logs.
 """
 
 import json
@@ -30,6 +38,7 @@ seeds = '1,2'
 max_iters = 1500
 extra = ''               # more --key=value for every run, space separated
 quick = False            # a tiny end-to-end run for the tests
+reliance = False         # only the reliance table from the runs' checkpoints (no training)
 # -----------------------------------------------------------------------------
 configure(globals(), [k for k in list(globals()) if not k.startswith('_') and k not in ('json', 'math', 'os', 'subprocess', 'sys', 'time', 'configure', 'fail')])
 
@@ -76,7 +85,8 @@ def run(name, seed):
     cmd = [sys.executable, os.path.join(here, 'train.py')] + [os.path.join(here, a) if a.endswith('.py') else a
                                                              for a in MODELS[name]]
     cmd += [f'--data_root={data_root}', f'--dataset={dataset}', f'--out_dir={run_dir}', f'--seed={seed}',
-            f'--max_iters={max_iters}', f'--eval_interval={max_iters}', '--eval_first=False', '--eval_examples=1000'] + quick_args + extra.split()
+            f'--max_iters={max_iters}', f'--eval_interval={max_iters}', '--eval_first=False', '--eval_examples=1000',
+            f'--gate_interval={max(1, max_iters // 30)}'] + quick_args + extra.split()
     print(f"{name} seed {seed}: {' '.join(cmd[1:])}", flush=True)
     t0 = time.time()
     p = subprocess.run(cmd)
@@ -91,6 +101,116 @@ def mean_spread(xs):
     m = sum(xs) / len(xs)
     return m, (max(xs) - min(xs)) / 2  # half the range: with 2 seeds, the distance to each
 
+
+def plot_gates():
+    """out_dir/gates.png: the gate statistics over training steps of every run that logged them."""
+    try:
+        import matplotlib
+        matplotlib.use('Agg')
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no gate plot (pip install matplotlib)")
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    drawn = False
+    for k, name in enumerate(names):
+        color = f'C{k}'
+        for j, seed in enumerate(seed_list):
+            path = os.path.join(out_dir, f'{name}_s{seed}', 'log.jsonl')
+            recs = [json.loads(l) for l in open(path)] if os.path.isfile(path) else []
+            recs = sorted((r for r in recs if 'gates/state' in r), key=lambda r: r['iter'])
+            if not recs:
+                continue
+            it = [r['iter'] for r in recs]
+            lab = (lambda s: f'{name} {s}') if j == 0 else (lambda s: None)
+            if 'gates/cur' in recs[0]:  # T2MLR: mean tanh(g) sigmoid(f) of each path
+                axes[0].plot(it, [r['gates/rec'] for r in recs], color=color, label=lab('rec'))
+                axes[0].plot(it, [r['gates/cur'] for r in recs], color=color, ls='--', label=lab('cur'))
+            else:  # LRT: feedback key/value gate and residual injection scale
+                if 'gates/g_fb' in recs[0]:
+                    axes[1].plot(it, [r['gates/g_fb'] for r in recs], color=color, label=lab('g_fb'))
+                if 'gates/gamma' in recs[0]:
+                    axes[1].plot(it, [r['gates/gamma'] for r in recs], color=color, ls='--', label=lab('gamma'))
+            drawn = True
+    if not drawn:
+        plt.close(fig)
+        print("no run logged gate statistics: no gate plot")
+        return
+    axes[0].set_title('T2MLR: mean tanh(g) sigmoid(f)  (solid: recurrent path, dashed: current)', fontsize=8)
+    axes[1].set_title('LRT: mean g_fb (solid), mean gamma (dashed), over reading layers', fontsize=8)
+    for ax in axes:
+        ax.axhline(0, color='gray', lw=0.5)
+        ax.set_xlabel('training step')
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=6)
+        else:
+            ax.text(0.5, 0.5, 'no run of this style', ha='center', va='center', transform=ax.transAxes, color='gray')
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, 'gates.png'), dpi=120)
+    print(f"wrote {os.path.join(out_dir, 'gates.png')}")
+
+
+def reliance_table():
+    """Exact vs zero-state loss, accuracy and EM on the test split at the training length, from
+    the runs' checkpoints. -> (markdown table, {name: [per-seed dicts]})."""
+    import numpy as np
+    import torch
+    from model import CheckpointError, load_checkpoint, ce_loss
+    from prepare import load_meta, load_split
+    data_dir = os.path.join(data_root, dataset)
+    meta = load_meta(data_dir)
+    split = min((s for s in meta['splits'] if s.startswith('test')), key=lambda s: meta['splits'][s]['len'])
+    X, Y = load_split(data_dir, split, meta)
+    X, Y = torch.from_numpy(X[:1000].astype(np.int64)), torch.from_numpy(Y[:1000].astype(np.int64))
+    runs = {}
+    for name in names:
+        for seed in seed_list:
+            path = os.path.join(out_dir, f'{name}_s{seed}', 'ckpt.pt')
+            try:
+                model, _ = load_checkpoint(path)
+            except CheckpointError as e:
+                print(f"{name} seed {seed}: skipped ({e})")
+                continue
+            model.eval()
+            row = {'seed': seed}
+            for mode in ('exact', 'zero'):
+                loss = right = em = 0.0
+                with torch.no_grad():
+                    for i in range(0, len(X), 250):
+                        x, y = X[i:i + 250], Y[i:i + 250]
+                        logits, _ = model(x, mode=mode)
+                        loss += ce_loss(logits, y).item() * (y != -1).sum().item()
+                        ok = (logits.argmax(-1) == y) | (y == -1)
+                        right += (ok & (y != -1)).sum().item()
+                        em += ok.all(1).sum().item()
+                n = (Y != -1).sum().item()
+                row.update({f'loss_{mode}': loss / n, f'acc_{mode}': right / n, f'em_{mode}': em / len(X)})
+            print(f"{name} seed {seed}: {row}", flush=True)
+            runs.setdefault(name, []).append(row)
+    L = meta['splits'][split]['len']
+    head = ['model', f'loss@{L} exact', f'loss@{L} zero state', 'reliance (loss gap)', f'acc@{L} exact',
+            f'acc@{L} zero state', f'EM@{L} exact', f'EM@{L} zero state']
+    lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+    for name, rows in runs.items():
+        ms = lambda f: mean_spread([f(r) for r in rows])
+        cells = [name] + [f"{m:.2f} ± {s:.2f}" for m, s in (
+            ms(lambda r: r['loss_exact']), ms(lambda r: r['loss_zero']), ms(lambda r: r['loss_zero'] - r['loss_exact']),
+            ms(lambda r: r['acc_exact']), ms(lambda r: r['acc_zero']), ms(lambda r: r['em_exact']), ms(lambda r: r['em_zero']))]
+        lines.append('| ' + ' | '.join(cells) + ' |')
+    note = (f"\n\n{dataset} split {split} ({len(X)} rows x {L} tokens), seeds {seeds}, mean ± half-range over "
+            f"seeds; 'zero state' = the exact forward with every position reading an all-zero state "
+            f"(model.py mode='zero'); reliance = loss(zero state) - loss(exact).\n")
+    return '\n'.join(lines) + note, runs
+
+
+if reliance:
+    table, runs = reliance_table()
+    os.makedirs(out_dir, exist_ok=True)
+    open(os.path.join(out_dir, 'reliance.md'), 'w').write(table)
+    json.dump(runs, open(os.path.join(out_dir, 'reliance.json'), 'w'), indent=1)
+    print(table)
+    plot_gates()
+    sys.exit(0)
 
 results = {n: [] for n in names}
 for name in names:
@@ -152,3 +272,4 @@ else:
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, 'accuracy.png'), dpi=120)
     print(f"wrote {os.path.join(out_dir, 'accuracy.png')}")
+    plot_gates()

@@ -27,6 +27,7 @@ with this incoming state, writing into / attending over these cached keys".
 """
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Optional
 
@@ -188,6 +189,8 @@ def apply_rope(x, cos, sin):
 
 
 class Attention(nn.Module):
+    recorder = None  # a dict while GPT.recording() is on (see record())
+
     def __init__(self, config, reads_memory):
         super().__init__()
         self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
@@ -211,6 +214,8 @@ class Attention(nn.Module):
             # LRT (DESIGN.md 4): k_t = g_loc * W_k a + g_fb * W_fb_k m_{t-1}, same for v.
             # A gated addition to the token's OWN key/value: the cache keeps its shape.
             g = 2 * torch.sigmoid(self.lrt_gate(a)).view(B, T, 2, self.n_kv_head, 1)
+            if self.recorder is not None:
+                record(self.recorder, f'g.{layer}', pos, g[..., 0])  # (B, T, 2, Hkv): g_loc, g_fb
             k = where_on(rec_on, g[:, :, 0] * k + g[:, :, 1] * mem_kv[0], k)
             v = where_on(rec_on, g[:, :, 0] * v + g[:, :, 1] * mem_kv[1], v)
         cos, sin = rope
@@ -236,6 +241,8 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
+    recorder = None  # a dict while GPT.recording() is on (see record())
+
     def __init__(self, config, reads_memory=False):
         super().__init__()
         self.ln_1 = RMSNorm(config.n_embd, config.norm_eps)
@@ -251,6 +258,9 @@ class Block(nn.Module):
 
     def forward(self, x, rope, pos, mask, cache, layer, mem=None, mem_kv=None, rec_on=None):
         if mem is not None and self.lrt_alpha is not None:
+            if self.recorder is not None:  # the two terms of the sum, as norms over channels: (B, T)
+                record(self.recorder, f'gamma_m.{layer}', pos, (self.lrt_gamma * mem).norm(dim=-1))
+                record(self.recorder, f'alpha_x.{layer}', pos, (self.lrt_alpha * x).norm(dim=-1))
             x = where_on(rec_on, self.lrt_alpha * x + self.lrt_gamma * mem, x)
         x = x + self.drop(self.attn(self.ln_1(x), rope, pos, mask, cache, layer, mem_kv, rec_on))
         x = x + self.drop(self.mlp(self.ln_2(x)))
@@ -262,6 +272,7 @@ class Block(nn.Module):
 class T2MLRFusion(nn.Module):
     """Phi(h, R) = h + tanh(g_cur) sigmoid(f_cur([h, r])) * h + tanh(g_rec) sigmoid(f_rec([h, r])) * r,
     r = W_rec R. g_cur = g_rec = 0 at init, so Phi is the identity: the model starts as the plain GPT."""
+    recorder = None  # a dict while GPT.recording() is on (see record())
 
     def __init__(self, config):
         super().__init__()
@@ -273,19 +284,25 @@ class T2MLRFusion(nn.Module):
         self.g_cur = nn.Parameter(torch.zeros((), dtype=torch.float32))
         self.g_rec = nn.Parameter(torch.zeros((), dtype=torch.float32))
 
-    def forward(self, h, R):
-        # h: (B, T, d) input of block rec_start; R: (B, T, d) incoming state R_{t-1}
+    def forward(self, h, R, pos=None):
+        # h: (B, T, d) input of block rec_start; R: (B, T, d) incoming state R_{t-1}; pos: their positions
         r = self.w_rec(R) if self.w_rec is not None else R
         hr = torch.cat([h, r], dim=-1)
         # tanh in at least fp32, then cast to the activations' dtype
         wide = torch.promote_types(torch.float32, h.dtype)
         g_cur, g_rec = (torch.tanh(g.to(wide)).to(h.dtype) for g in (self.g_cur, self.g_rec))
-        return h + g_cur * torch.sigmoid(self.f_cur(hr)) * h + g_rec * torch.sigmoid(self.f_rec(hr)) * r
+        cur = g_cur * torch.sigmoid(self.f_cur(hr))  # (B, T, d) the gates tanh(g) sigmoid(f([h, r]))
+        rec = g_rec * torch.sigmoid(self.f_rec(hr))
+        if self.recorder is not None:
+            record(self.recorder, 'gate_cur', pos, cur)
+            record(self.recorder, 'gate_rec', pos, rec)
+        return h + cur * h + rec * r
 
 # -----------------------------------------------------------------------------
 # the model
 
 class GPT(nn.Module):
+    recorder = None  # a dict while recording() is on
 
     def __init__(self, config):
         super().__init__()
@@ -346,6 +363,22 @@ class GPT(nn.Module):
         """Parameters the recurrence adds on top of the plain GPT."""
         return name.startswith('fusion.') or 'lrt_' in name
 
+    @contextmanager
+    def recording(self):
+        """with model.recording() as rec: ... -- every forward pass run inside keeps, in the
+        dict rec, the values the recurrence computes (see record(); sample.py's --trace and
+        train.py's gate statistics read them with recorded()). Off (recorder None) it costs
+        one attribute test per block."""
+        rec = {}
+        mods = [m for m in self.modules() if hasattr(m, 'recorder')]
+        for m in mods:
+            m.recorder = rec
+        try:
+            yield rec
+        finally:
+            for m in mods:
+                del m.recorder  # back to the class attribute None: the modules are as before
+
     # ------------------------------------------------------------------
     # the primitive: run blocks a..b at positions pos
 
@@ -373,9 +406,11 @@ class GPT(nn.Module):
             mask = kpos[None, :] <= qpos[:, None]
             if W > 0:
                 mask = mask & (kpos[None, :] > qpos[:, None] - W)
+        if self.recorder is not None and state_in is not None and a <= self.s <= b:
+            record(self.recorder, 'state', pos, state_in)  # (B, T, d) the state read
         for i in range(a, b + 1):
             if state_in is not None and i == self.s and self.fusion is not None:
-                x = where_on(rec_on, self.fusion(x, state_in), x)  # T2MLR: fuse at the input of block s
+                x = where_on(rec_on, self.fusion(x, state_in, pos), x)  # T2MLR: fuse at the input of block s
             mem = mem_kv = None
             if state_in is not None and self.rec == 'lrt' and i >= self.s:
                 mem = state_in  # LRT: every block >= s reads m_{t-1}
@@ -450,22 +485,25 @@ class GPT(nn.Module):
               'jacobi'      Jacobi iterations as the official code: an initial pass, n_iter - 1
                             iterations (gradient through the last n_grad) and a final pass
               'interleaved' n_subsets strided subsets refined one after another
+              'zero'        the exact forward with every position reading an all-zero state
+                            (forward_exact's zero_state: how much the model relies on its state)
         With recurrence='none' every mode is the plain parallel forward."""
         self._check(idx)
         if self.rec == 'none' or mode == 'plain':
             x = self.run_blocks(self.drop(self.wte(idx)), 0, self.config.n_layer - 1, range(idx.size(1)))
             return self._logits_loss(x, targets)
-        if mode == 'exact':
-            return self.forward_exact(idx, targets, rec_mask)
+        if mode in ('exact', 'zero'):
+            return self.forward_exact(idx, targets, rec_mask, zero_state=mode == 'zero')
         if mode == 'jacobi':
             return self.forward_jacobi(idx, targets, n_iter, n_grad, rec_mask)
         if mode == 'interleaved':
             return self.forward_interleaved(idx, targets, n_subsets, rec_mask)
-        raise ValueError(f"unknown mode {mode!r}; expected 'plain', 'exact', 'jacobi' or 'interleaved'")
+        raise ValueError(f"unknown mode {mode!r}; expected 'plain', 'exact', 'jacobi', 'interleaved' or 'zero'")
 
-    def _exact(self, idx, cache, rec_mask=None):
+    def _exact(self, idx, cache, rec_mask=None, zero_state=False):
         """Exact recurrence (DESIGN.md 5). Below/above segments run in parallel over the
-        sequence; only the span runs token by token. Returns (x_out, last_state)."""
+        sequence; only the span runs token by token. Returns (x_out, last_state).
+        zero_state: the state is never handed on, so every token reads R_{-1} = 0."""
         B, T = idx.shape
         L = self.config.n_layer
         x = self.run_blocks(self.drop(self.wte(idx)), 0, self.s - 1, range(T), None, cache)
@@ -475,15 +513,24 @@ class GPT(nn.Module):
             m = None if rec_mask is None else rec_mask[:, t:t + 1]
             st = self._reset(state, idx[:, t:t + 1], m)  # (B, 1, d) what token t reads
             h = self.run_blocks(x[:, t:t + 1], self.s, self.e, range(t, t + 1), st, cache, m)
-            state = self.next_state(h, st, m)
+            if not zero_state:
+                state = self.next_state(h, st, m)
             hs.append(h)
             ins.append(st)
         h, state_in = torch.cat(hs, 1), torch.cat(ins, 1)
         x = self.run_blocks(h, self.e + 1, L - 1, range(T), state_in, cache, rec_mask)
         return x, state[:, 0]
 
-    def forward_exact(self, idx, targets=None, rec_mask=None):
-        x, _ = self._exact(idx, KVCache(self.config.n_layer, idx.size(1)), rec_mask)
+    def forward_exact(self, idx, targets=None, rec_mask=None, zero_state=False):
+        """zero_state=True (mode='zero'): every position reads an all-zero state (R_{t-1} = 0,
+        m_{t-1} = 0) instead of its predecessor's; everything else is the exact forward, the
+        same schedule and arithmetic. The recurrence's modules still run on the zero state:
+        T2MLR computes Phi(h, 0) = h + tanh(g_cur) sigmoid(f_cur([h, 0])) h, which is not the
+        identity once trained, and LRT keeps x <- alpha x and g_loc * W_k a (g_fb multiplies
+        W_fb 0 = 0). So loss(zero) - loss(exact) is what the state carries, not what the
+        extra parameters do; at identity init (g_cur = g_rec = 0, or LRT gamma = W_fb = 0)
+        the two are bitwise equal."""
+        x, _ = self._exact(idx, KVCache(self.config.n_layer, idx.size(1)), rec_mask, zero_state)
         return self._logits_loss(x, targets)
 
     def _jacobi(self, idx, n_iter, n_grad, cache=None, rec_mask=None):
@@ -717,6 +764,25 @@ def where_on(rec_on, new, old):
     if rec_on is None:
         return new
     return torch.where(rec_on.view(rec_on.shape + (1,) * (new.dim() - rec_on.dim())), new, old)
+
+
+def record(recorder, key, pos, value):
+    """Keep value (B, len(pos), ...), computed for the tokens at positions pos (a python
+    range), under key. Keys: 'state' (the state read, (B, T, d)), 'gate_cur'/'gate_rec' (T2MLR's
+    tanh(g) sigmoid(f), (B, T, d)), 'g.<layer>' (LRT's g_loc, g_fb: (B, T, 2, Hkv)),
+    'gamma_m.<layer>'/'alpha_x.<layer>' (norms of LRT's two residual terms)."""
+    recorder.setdefault(key, []).append((pos, value.detach()))
+
+
+def recorded(recorder, key, T):
+    """The values recorded under key as one (B, T, ...) tensor by position; where a position
+    was computed more than once (Jacobi passes), the last value wins."""
+    pieces = recorder[key]
+    v0 = pieces[0][1]
+    out = v0.new_zeros((v0.size(0), T) + v0.shape[2:])
+    for pos, v in pieces:
+        out[:, pos.start:pos.stop:pos.step] = v
+    return out
 
 
 def ce_loss(logits, targets):

@@ -6,6 +6,7 @@ $ python sample.py --out_dir=out --start=FILE:prompt.txt --num_samples=1   # str
 $ python sample.py --out_dir=out-s5 --eval_split=test_64       # token accuracy / exact match
 $ python sample.py --init_from=scratch --dataset=s5_Z2 --start="0 1 1"     # untrained smoke test
 $ python sample.py --out_dir=out/retrofit_tiny --eval_answers=test --max_new_tokens=16   # answer accuracy
+$ python sample.py --out_dir=out-s5 --trace=trace.png --trace_split=test --trace_row=0   # the state at work
 
 Generation is exactly model.generate: one prefill of the prompt (prefill='exact', 'jacobi'
 with prefill_iters passes, or 'plain'), then one forward pass per new token with the KV
@@ -19,6 +20,13 @@ prefilled plainly by default, as it was trained. --eval_answers=SPLIT generates 
 answer to every prompt of the split (prompt prefilled, one pass per token, stop at eos) and
 reports exact-match accuracy of the final answer (prepare.extract_answer: the number after
 '####', else the last number) against the stored reference.
+
+--trace=FILE.png runs the exact recurrence once on one input (row trace_row of task split
+trace_split, or the --start prompt) and writes, per position, the norm of the state read,
+the gates (T2MLR: tanh(g) sigmoid(f) of the current and the recurrent path, mean and spread
+over channels; LRT: g_loc and g_fb per reading layer, |gamma m| against |alpha x|), the
+prediction of the exact model and of the zero-state model (mode='zero') and the label,
+as a picture (FILE.png, needs matplotlib) and as JSON (FILE.json); the table goes to stdout.
 """
 
 import os
@@ -55,6 +63,9 @@ seed = 1337
 device = 'cpu'           # 'cpu', 'cuda', 'cuda:1', ...
 dtype = 'float32'        # 'float32' | 'bfloat16' (autocast)
 attn_window = -1         # >= 0: run with this attention window instead of the model's (0 = full attention)
+trace = ''               # e.g. trace.png: gate and state trace of one input (also writes trace.json)
+trace_split = ''         # the trace's input: a row of this task split (with its labels); '' = the --start prompt
+trace_row = 0
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
 
@@ -185,6 +196,135 @@ def evaluate_answers(model, data_dir, meta, split, max_new_tokens, batch_size, d
     return right / n, texts, preds
 
 
+# -----------------------------------------------------------------------------
+# trace: what the recurrence does on one input
+
+@torch.no_grad()
+def trace_values(model, idx, labels=None):
+    """idx: (1, T). Runs the exact recurrence once with model.recording() and the zero-state
+    forward once. Returns {column: list over positions} (see the module docstring)."""
+    from model import recorded
+    T = idx.size(1)
+    with model.recording() as rec:
+        logits, _ = model(idx, mode='exact')
+    zero_logits, _ = model(idx, mode='zero')
+    prob = torch.softmax(logits[0].double(), -1)
+    state = recorded(rec, 'state', T)[0]  # (T, d) the state each position read
+    cols = {'pos': list(range(T)), 'token': idx[0].tolist(), 'state_norm': state.norm(dim=-1).tolist(),
+            'state_pc1': state_pc1(state).tolist()}
+    if model.fusion is not None:
+        for name in ('cur', 'rec'):
+            g = recorded(rec, f'gate_{name}', T)[0]  # (T, d)
+            cols[f'gate_{name}_mean'] = g.mean(-1).tolist()
+            cols[f'gate_{name}_std'] = g.std(-1, correction=0).tolist()  # spread over channels
+    else:
+        for i in range(model.s, model.config.n_layer):
+            if f'g.{i}' in rec:
+                g = recorded(rec, f'g.{i}', T)[0]  # (T, 2, Hkv), mean over the KV heads
+                cols[f'g_loc.{i}'], cols[f'g_fb.{i}'] = g[:, 0].mean(-1).tolist(), g[:, 1].mean(-1).tolist()
+            if f'gamma_m.{i}' in rec:
+                cols[f'gamma_m.{i}'] = recorded(rec, f'gamma_m.{i}', T)[0].tolist()
+                cols[f'alpha_x.{i}'] = recorded(rec, f'alpha_x.{i}', T)[0].tolist()
+    cols['pred'] = logits[0].argmax(-1).tolist()
+    cols['p_pred'] = prob.max(-1).values.tolist()
+    cols['pred_zero'] = zero_logits[0].argmax(-1).tolist()
+    if labels is not None:
+        cols['label'] = labels
+    return cols
+
+
+def state_pc1(state):
+    """(T, d) -> (T,): each state's coordinate along the first principal direction of this
+    input's nonzero states (centred over those positions; the zero state at t = 0 or at a reset
+    would dominate it); sign fixed so the largest coordinate is positive. A state that tracks
+    a binary quantity (parity) shows it here as two levels."""
+    s = state.double()
+    fit = s[s.norm(dim=-1) > 0]
+    if len(fit) < 2:
+        return torch.zeros(len(s), dtype=torch.float64)
+    mu = fit.mean(0)
+    pc = (s - mu) @ torch.linalg.svd(fit - mu, full_matrices=False).Vh[0]
+    return pc * torch.sign(pc[pc.abs().argmax()])
+
+
+def print_trace(cols):
+    keys = list(cols)
+    fmt = lambda v: f"{v:.4f}" if isinstance(v, float) else str(v)
+    print('\t'.join(keys))
+    for t in range(len(cols['pos'])):
+        print('\t'.join(fmt(cols[k][t]) for k in keys))
+
+
+def plot_trace(cols, path, title):
+    """Panels over positions: state norm; gates; (LRT) |gamma m| / |alpha x|; prediction vs label."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    pos = cols['pos']
+    lrt_res = sorted(k for k in cols if k.startswith('gamma_m.'))
+    n = 3 + bool(lrt_res)
+    fig, axes = plt.subplots(n, 1, figsize=(max(6.0, 0.16 * len(pos)), 1.9 * n + 0.6), sharex=True)
+    axes[0].plot(pos, cols['state_norm'], marker='.', color='k', label='norm')
+    axes[0].plot(pos, cols['state_pc1'], marker='.', color='tab:purple', label='1st principal component')
+    axes[0].set_ylabel('state read')
+    axes[0].legend(fontsize=7, loc='best')
+    ax = axes[1]
+    if 'gate_cur_mean' in cols:
+        for name, color in (('cur', 'tab:blue'), ('rec', 'tab:red')):
+            m, s = np.array(cols[f'gate_{name}_mean']), np.array(cols[f'gate_{name}_std'])
+            ax.plot(pos, m, marker='.', color=color, label=f'tanh(g_{name}) sigmoid(f_{name})')
+            ax.fill_between(pos, m - s, m + s, color=color, alpha=0.2)
+        ax.set_ylabel('gate (mean ± std\nover channels)')
+    else:
+        for k in sorted(k for k in cols if k.startswith(('g_loc.', 'g_fb.'))):
+            ax.plot(pos, cols[k], marker='.', ls='-' if k.startswith('g_fb') else ':', label=k)
+        ax.set_ylabel('LRT gates')
+    ax.legend(fontsize=7, loc='best')
+    if lrt_res:
+        for k in lrt_res:
+            i = k.split('.')[1]
+            ax = axes[2]
+            ax.plot(pos, np.array(cols[k]) / np.maximum(np.array(cols[f'alpha_x.{i}']), 1e-12), marker='.', label=f'layer {i}')
+        ax.set_ylabel('|gamma m| / |alpha x|')
+        ax.legend(fontsize=7, loc='best')
+    ax = axes[-1]
+    if 'label' in cols:
+        lab = [(p, l) for p, l in zip(pos, cols['label']) if l != -1]
+        ax.plot([p for p, _ in lab], [l for _, l in lab], 's', mfc='none', ms=8, color='gray', label='label')
+    ax.plot(pos, cols['pred'], 'o', ms=4, color='tab:green', label='prediction (exact)')
+    ax.plot(pos, cols['pred_zero'], 'x', ms=4, color='tab:orange', label='prediction (zero state)')
+    ax.set_ylabel('token id')
+    ax.set_xlabel('position')
+    ax.legend(fontsize=7, loc='best', ncol=3)
+    axes[0].set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def run_trace(model, ids, labels, path, title):
+    """--trace: one line and exit 2 on bad input; else the table, FILE.json and FILE.png."""
+    import json
+    if model.config.recurrence == 'none':
+        fail("nothing to trace: this model has no recurrence (recurrence='none')")
+    if len(ids) > model.config.block_size:
+        fail(f"the trace input has {len(ids)} tokens, more than the model's block_size {model.config.block_size}")
+    cols = trace_values(model, torch.tensor([ids], dtype=torch.long, device=model.lm_head.weight.device), labels)
+    print_trace(cols)
+    json_path = os.path.splitext(path)[0] + '.json'
+    with open(json_path, 'w') as f:
+        json.dump({'recurrence': model.config.recurrence, 'rec_start': model.config.rec_start,
+                   'rec_end': model.config.rec_end, 'title': title, 'columns': cols}, f)
+    print(f"wrote {json_path}", file=sys.stderr)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print(f"matplotlib is not installed: no picture (pip install matplotlib); the numbers are above and in {json_path}",
+              file=sys.stderr)
+        return
+    plot_trace(cols, path, title)
+    print(f"wrote {path}", file=sys.stderr)
+
+
 if __name__ == '__main__':
     configure(globals(), config_keys)
     if device.startswith('cuda') and not torch.cuda.is_available():
@@ -195,6 +335,8 @@ if __name__ == '__main__':
         fail(f"prefill={prefill}: expected exact, jacobi or plain")
     if eval_split and eval_answers:
         fail("give eval_split (teacher-forced token accuracy) or eval_answers (generated answers), not both")
+    if trace and (eval_split or eval_answers):
+        fail("give trace or eval_split/eval_answers, not both")
     if num_samples < 1 or max_new_tokens < 1 or eval_batch_size < 1:
         fail("num_samples, max_new_tokens and eval_batch_size must be >= 1")
     torch.manual_seed(seed)
@@ -229,6 +371,24 @@ if __name__ == '__main__':
     print(f"model: {model.config.recurrence}, {model.config.n_layer} layers, d={model.config.n_embd}, "
           f"{model.get_num_params() / 1e6:.2f}M parameters; data: {meta['name']}", file=sys.stderr)
 
+    if trace:
+        if trace_split:
+            if meta['format'] != 'examples':
+                fail(f"trace_split needs a task dataset (examples format); {meta['name']} is a token corpus")
+            if trace_split not in meta['splits']:
+                fail(f"no split {trace_split!r} in {meta['name']} (it has {', '.join(meta['splits'])})")
+            X, Y = load_split(data_dir, trace_split, meta)
+            if not 0 <= trace_row < len(X):
+                fail(f"trace_row={trace_row} is out of range: split {trace_split} has {len(X)} rows")
+            ids, labels = X[trace_row].astype(np.int64).tolist(), Y[trace_row].astype(np.int64).tolist()
+            title = f"{meta['name']} {trace_split} row {trace_row}"
+        else:
+            ids, _ = encode_prompt(read_prompt(start), meta, encode)
+            labels = ids[1:] + [-1] if meta['format'] != 'examples' else None  # a corpus: the next token
+            title = f"{meta['name']}: {start[:40]}"
+        run_trace(model, ids, labels, trace, f"{model.config.recurrence} (s={model.config.rec_start}, "
+                  f"e={model.config.rec_end}), {title}")
+        sys.exit(0)
     if eval_split:
         evaluate(model, data_dir, meta, eval_split, eval_batch_size, device, ctx)
         sys.exit(0)

@@ -12,7 +12,10 @@ train_mode picks how the recurrence is made parallel for training (model.py):
   'interleaved'  LRT's strided subsets: n_subsets refinements on a shared key/value buffer
 Evaluation always reports the loss under the training approximation AND under the
 exact sequential recurrence (what generation computes); their gap is the
-approximation error. Judge recurrent models by the exact numbers.
+approximation error. Judge recurrent models by the exact numbers. It also reports the
+exact loss (and task accuracy) with the state forced to zero at every position
+(model.py's mode='zero'): the reliance gap zero - exact says how much the model uses
+its state. The gate statistics (gates/... in log.jsonl) show what the gates do.
 
 Retrofit (README, "Retrofit a pretrained model"): init_from=<Hugging Face Llama name or folder> starts from a
 pretrained model with the recurrence at identity. Prompt/response data (prepare.py jsonl,
@@ -35,7 +38,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configurator import configure, fail
-from model import GPT, GPTConfig, CheckpointError, load_checkpoint, save_checkpoint
+from model import GPT, GPTConfig, CheckpointError, load_checkpoint, save_checkpoint, recorded
 from prepare import load_meta, load_split, load_rec_mask
 
 # -----------------------------------------------------------------------------
@@ -50,6 +53,7 @@ eval_examples = 1000     # task data: rows per split for accuracy / exact match
 eval_batch_size = 256    # task data: rows per forward pass in that accuracy evaluation
 eval_only = False
 eval_first = True        # also evaluate before the first step
+gate_interval = 0        # > 0: also log the gate statistics every gate_interval steps (one exact pass of one batch)
 always_save_checkpoint = True
 init_from = 'scratch'    # 'scratch' | 'resume' | a Hugging Face Llama name or folder (retrofit)
 seed = 1337
@@ -299,12 +303,13 @@ def evaluate():
     wrapper, whose forward would start a collective only this process joins)."""
     raw_model.eval()
     out = {}
-    modes = [('approx', train_mode)] + ([('exact', 'exact')] if raw_model.config.recurrence != 'none' else [])
+    recurrent = raw_model.config.recurrence != 'none'
+    modes = [('approx', train_mode)] + ([('exact', 'exact'), ('zero', 'zero')] if recurrent else [])
     splits = ['train', 'val'] if not is_task else ['train', 'val']
     for split in splits:
         for tag, mode in modes:
             gen = torch.Generator().manual_seed(1234)  # the same batches at every eval
-            n = eval_iters if tag == 'approx' else eval_exact_iters
+            n = eval_iters if tag == 'approx' else eval_exact_iters  # exact and zero: the same batches
             losses = []
             for _ in range(n):
                 x, y, m = draw_batch(gen, split, batch_size)
@@ -312,8 +317,8 @@ def evaluate():
                     losses.append(raw_model(x, y, mode=mode, n_iter=n_iter, n_grad=n_grad, n_subsets=n_subsets,
                                             rec_mask=m)[1].item())
             out[f'{split}/loss_{tag}'] = sum(losses) / len(losses)
-        if raw_model.config.recurrence == 'none':
-            out[f'{split}/loss_exact'] = out[f'{split}/loss_approx']
+        if not recurrent:  # no state: exact and zero-state are the plain forward
+            out[f'{split}/loss_exact'] = out[f'{split}/loss_zero'] = out[f'{split}/loss_approx']
         bpt = meta.get('bytes_per_token', {}).get(split)
         if bpt:
             out[f'{split}/bpb_exact'] = out[f'{split}/loss_exact'] / math.log(2) / bpt
@@ -325,9 +330,49 @@ def evaluate():
             for tag, mode in modes:
                 acc, em = task_accuracy(X[:n], Y[:n], None if M is None else M[:n], mode)
                 out[f'{split}/acc_{tag}'], out[f'{split}/em_{tag}'] = acc, em
-            if raw_model.config.recurrence == 'none':
-                out[f'{split}/acc_exact'], out[f'{split}/em_exact'] = out[f'{split}/acc_approx'], out[f'{split}/em_approx']
+            if not recurrent:
+                for tag in ('exact', 'zero'):
+                    out[f'{split}/acc_{tag}'], out[f'{split}/em_{tag}'] = out[f'{split}/acc_approx'], out[f'{split}/em_approx']
+    if recurrent:
+        out.update(gate_stats())
     raw_model.train()
+    return out
+
+
+@torch.no_grad()
+def gate_stats():
+    """What the gates do, as scalars (means over the first val batch of evaluate(), run
+    exactly with model.recording()). T2MLR: gates/cur and gates/rec, the mean of
+    tanh(g) sigmoid(f([h, r])) over rows, positions and channels, and the scalars
+    gates/tanh_g_cur, gates/tanh_g_rec. LRT, per reading layer i and as a mean over them:
+    gates/g_loc.i, gates/g_fb.i (2 sigmoid(W_g a), over rows, positions, KV heads),
+    gates/gamma.i and gates/alpha.i. Also gates/state, the mean norm of the state read."""
+    was_training = raw_model.training
+    raw_model.eval()
+    x, _, m = draw_batch(torch.Generator().manual_seed(1234), 'val', batch_size)
+    with raw_model.recording() as rec, autocast:
+        raw_model(x, mode='exact', rec_mask=m)
+    T = x.size(1)
+    # over the positions where the recurrence is on (prompt/response data: the response)
+    mean = lambda t: (t if m is None else t[m]).float().mean().item()
+    out = {'gates/state': mean(recorded(rec, 'state', T).norm(dim=-1))}
+    if raw_model.fusion is not None:
+        f = raw_model.fusion
+        out['gates/cur'], out['gates/rec'] = mean(recorded(rec, 'gate_cur', T)), mean(recorded(rec, 'gate_rec', T))
+        out['gates/tanh_g_cur'], out['gates/tanh_g_rec'] = math.tanh(f.g_cur.item()), math.tanh(f.g_rec.item())
+    else:
+        per = {}  # name -> {layer: value}
+        for i in range(raw_model.s, raw_model.config.n_layer):
+            blk = raw_model.h[i]
+            if f'g.{i}' in rec:
+                g = recorded(rec, f'g.{i}', T)  # (B, T, 2, Hkv)
+                per.setdefault('g_loc', {})[i], per.setdefault('g_fb', {})[i] = mean(g[..., 0, :]), mean(g[..., 1, :])
+            if blk.lrt_gamma is not None:
+                per.setdefault('gamma', {})[i], per.setdefault('alpha', {})[i] = blk.lrt_gamma.item(), blk.lrt_alpha.item()
+        for name, vals in per.items():
+            out[f'gates/{name}'] = sum(vals.values()) / len(vals)
+            out.update({f'gates/{name}.{i}': v for i, v in vals.items()})
+    raw_model.train(was_training)
     return out
 
 
@@ -364,17 +409,30 @@ def checkpoint():
 
 
 def print_eval(m):
+    """eval step N: <split> loss <approx> (exact <exact>, gap <approx - exact>, zero-state <zero>,
+    reliance <zero - exact>): the reliance gap is how much worse the exact model gets when
+    every position reads a zero state (about 0: the state is not used)."""
+    recurrent = raw_model.config.recurrence != 'none'
     parts = []
     for split in ['train', 'val']:
-        a, e = m[f'{split}/loss_approx'], m[f'{split}/loss_exact']
-        parts.append(f"{split} loss {a:.4f} (exact {e:.4f}, gap {a - e:+.4f})")
+        a, e, z = m[f'{split}/loss_approx'], m[f'{split}/loss_exact'], m[f'{split}/loss_zero']
+        parts.append(f"{split} loss {a:.4f} (exact {e:.4f}, gap {a - e:+.4f}"
+                     + (f", zero-state {z:.4f}, reliance {z - e:+.4f})" if recurrent else ")"))
         if f'{split}/bpb_exact' in m:
             parts.append(f"{split} bpb {m[f'{split}/bpb_exact']:.4f}")
     print(f"eval step {iter_num}: " + ", ".join(parts))
     if is_task:
         for split in task_splits:
             print(f"  {split}: acc {m[f'{split}/acc_exact']:.4f} em {m[f'{split}/em_exact']:.4f} (exact)"
-                  f" | acc {m[f'{split}/acc_approx']:.4f} em {m[f'{split}/em_approx']:.4f} ({train_mode})")
+                  f" | acc {m[f'{split}/acc_approx']:.4f} em {m[f'{split}/em_approx']:.4f} ({train_mode})"
+                  + (f" | acc {m[f'{split}/acc_zero']:.4f} em {m[f'{split}/em_zero']:.4f} (zero state)" if recurrent else ""))
+    if 'gates/cur' in m:
+        print(f"  gates: tanh(g)sigmoid(f) cur {m['gates/cur']:+.4f} rec {m['gates/rec']:+.4f}, "
+              f"tanh g_cur {m['gates/tanh_g_cur']:+.4f} g_rec {m['gates/tanh_g_rec']:+.4f}, state norm {m['gates/state']:.3f}")
+    elif 'gates/state' in m:
+        names = [n for n in ('g_loc', 'g_fb', 'gamma', 'alpha') if f'gates/{n}' in m]
+        print("  gates (mean over reading layers): " + ", ".join(f"{n} {m[f'gates/{n}']:.4f}" for n in names)
+              + f", state norm {m['gates/state']:.3f}")
 
 # -----------------------------------------------------------------------------
 # training loop
@@ -423,6 +481,8 @@ try:
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
         iter_num += 1
+        if gate_interval > 0 and iter_num % gate_interval == 0 and master and raw_model.config.recurrence != 'none':
+            log_json({'iter': iter_num, 'type': 'gates', **gate_stats()})  # eval mode, no RNG drawn: training unchanged
 
         if iter_num % log_interval == 0:
             lossf = loss.detach() * accum_local

@@ -36,6 +36,20 @@ def test_compare_tiny(tmp_path):
     # a second call reuses the finished runs instead of training again
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
     assert p.returncode == 0 and p.stdout.count('already done') == 8
+    # gate statistics over training, plotted; the reliance table from the checkpoints, no training
+    assert os.path.isfile(tmp_path / 'cmp' / 'gates.png')
+    logs = [json.loads(l) for l in open(tmp_path / 'cmp' / 't2mlr_full_s1' / 'log.jsonl')]
+    assert [r['iter'] for r in logs if r['type'] == 'gates'] == [1, 2]
+    p = subprocess.run(cmd + ['--reliance=True'], capture_output=True, text=True, timeout=600, env=ENV)
+    assert p.returncode == 0 and 'already done' not in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
+    rel = json.load(open(tmp_path / 'cmp' / 'reliance.json'))
+    assert sorted(rel) == ['lrt', 'plain', 't2mlr_full', 't2mlr_mid'] and all(len(v) == 2 for v in rel.values())
+    for r in rel['plain']:  # no state: zeroing it changes nothing
+        assert (r['loss_zero'], r['acc_zero'], r['em_zero']) == (r['loss_exact'], r['acc_exact'], r['em_exact'])
+    ev = res['runs']['t2mlr_full'][0]['eval']  # the checkpoint's numbers are the final evaluation's
+    assert rel['t2mlr_full'][0]['acc_exact'] == ev['test/acc_exact'] and rel['t2mlr_full'][0]['acc_zero'] == ev['test/acc_zero']
+    md = open(tmp_path / 'cmp' / 'reliance.md').read()
+    assert md.count('\n| ') == 4 and 'reliance (loss gap)' in md
 
 
 @pytest.mark.parametrize('cfg', ['t2mlr_135m_fineweb.py', 'lrt_shared_fineweb.py', 'plain_135m_fineweb.py',
