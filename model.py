@@ -793,6 +793,8 @@ def load_checkpoint(path, device='cpu'):
     except ValueError as e:
         raise CheckpointError(f"{path}: invalid model args: {e}") from None
     sd = {k.removeprefix('_orig_mod.').removeprefix('module.'): v for k, v in ckpt['model'].items()}
+    if {v.dtype for v in sd.values() if v.is_floating_point()} == {torch.float64}:
+        model = model.double()  # a float64 run (tests): loading into float32 would round the weights
     try:
         model.load_state_dict(sd)
     except RuntimeError as e:

@@ -564,22 +564,12 @@ try:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         loss_bad, grad_bad, stop = flags.tolist()
         if loss_bad or grad_bad:  # before optimizer.step: the weights are still the last good ones
-            stop_diverged(' and '.join([f"non-finite train loss ({lossf.item()})"] * bool(loss_bad) +
+            stop_diverged(' and '.join([f"non-finite train loss" + ('' if ddp else f" ({lossf.item()})")] * bool(loss_bad) +
                                        [f"non-finite gradient norm ({grad_norm.item()})"] * bool(grad_bad)))
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
         iter_num += 1
-
-        if stop:  # the step boundary: the checkpoint is exactly what an uninterrupted run has here
-            sig = stop_signal or signal.SIGTERM  # (a process that got none stops because another did)
-            if master:
-                save_checkpoint(checkpoint(), ckpt_path)
-                print(f"stopped by {signal.Signals(sig).name} at step {iter_num}: saved checkpoint to {ckpt_path} "
-                      f"(resume with --init_from=resume)", flush=True)
-            if ddp:
-                dist.barrier()  # the others wait for rank 0's save
-            sys.exit(128 + sig)
 
         if iter_num % log_interval == 0:
             if ddp:
@@ -594,6 +584,16 @@ try:
                           'dt_ms': dt * 1000, 'tok_per_s': tokens_per_iter / dt, 'mfu': mfu})
                 if wandb_log:
                     wandb.log({'iter': iter_num, 'train/loss': lossf.item(), 'lr': lr, 'mfu': mfu})
+
+        if stop:  # the step boundary: the checkpoint is exactly what an uninterrupted run has here
+            sig = stop_signal or signal.SIGTERM  # (a process that got none stops because another did)
+            if master:
+                save_checkpoint(checkpoint(), ckpt_path)
+                print(f"stopped by {signal.Signals(sig).name} at step {iter_num}: saved checkpoint to {ckpt_path} "
+                      f"(resume with --init_from=resume)", flush=True)
+            if ddp:
+                dist.barrier()  # the others wait for rank 0's save
+            sys.exit(128 + sig)
     if ddp:
         # rank 0 may still be evaluating and saving: tearing gloo down under it aborts
         dist.barrier()
