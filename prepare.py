@@ -13,6 +13,7 @@ Prepare a dataset for train.py and sample.py, and read it back.
     python prepare.py tiny_retrofit_demo               # offline: a tiny random Llama + tokenizer + JSONL, prepared
 
 Every option is --key=value; `python prepare.py NAME --help` lists NAME's options.
+Downloads wait at most FETCH_TIMEOUT seconds (environment variable, default 30) for an answer.
 
 The format (the contract train.py and sample.py rely on). A dataset is a folder
 holding meta.json and binary files:

@@ -190,15 +190,17 @@ if master:
 # SIGINT (Ctrl-C) and SIGTERM (what schedulers send before preemption) only set a flag: the
 # loop finishes the step it is in and saves at the step boundary, so the checkpoint never
 # holds a half-updated model or a data generator one batch ahead (exact resume). A second
-# signal exits at once, without saving.
-stop_signal = 0
+# signal more than 2 s later exits at once, without saving (within 2 s it is the same request:
+# Ctrl-C under torchrun reaches a worker twice, from the terminal and from torchrun).
+stop_signal, stop_time = 0, 0.0
 
 
 def on_signal(signum, frame):
-    global stop_signal
-    if stop_signal:
+    global stop_signal, stop_time
+    if stop_signal and time.monotonic() - stop_time > 2:
         raise SystemExit(128 + signum)
-    stop_signal = signum
+    if not stop_signal:
+        stop_signal, stop_time = signum, time.monotonic()
 
 
 signal.signal(signal.SIGINT, on_signal)
