@@ -100,8 +100,7 @@ def copy_run(src, dst, files=('ckpt.pt', 'best.pt', 'log.jsonl')):
 
 
 def test_diverging_run_stops_and_saves_nothing(data, good_run, tmp_path):
-    out = good_run[0]
-    copy_run(out, tmp_path)
+    copy_run(good_run[0], tmp_path, ['ckpt.pt'])
     before = params(tmp_path / 'ckpt.pt')
     code, _, err = in_process('train.py', common(data, tmp_path, *GOOD, '--init_from=resume', '--max_iters=40',
                                                  '--learning_rate=1e6', '--grad_clip=0'), tmp_path)
@@ -276,8 +275,9 @@ def test_bad_setting_is_one_line_before_the_model(data, tmp_path, args, msg):
 
 @pytest.mark.parametrize('args,msg', [(['--top_k=-1'], 'top_k=-1'), (['--temperature=-0.5'], 'temperature=-0.5'),
                                       (['--ckpt=newest'], "ckpt='newest'")])
-def test_sample_bad_setting_is_one_line(tmp_path, args, msg):
-    code, _, err = in_process('sample.py', ['--init_from=scratch', '--dataset=s5_Z2', *args], tmp_path)
+def test_sample_bad_setting_is_one_line(data, tmp_path, args, msg):
+    code, _, err = in_process('sample.py', ['--init_from=scratch', f'--data_root={data}', '--dataset=s5_Z2', '--start=0 1',
+                                            '--max_new_tokens=4', '--num_samples=1', *args], tmp_path)
     assert code == 2 and err.count('\n') == 1 and msg in err, err
 
 # -----------------------------------------------------------------------------
