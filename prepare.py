@@ -223,12 +223,18 @@ def gpt2_encoding():
     return result['enc']
 
 
-def check_hub(what):
+def check_hub(what, hint=', or give a local folder'):
     """Before a Hugging Face Hub download: does the Hub answer within FETCH_TIMEOUT seconds?
     (Its client retries timeouts for minutes.) No answer: one line, how to work offline.
     With HF_HUB_OFFLINE=1 nothing is fetched (the local cache only), so nothing is checked."""
     if os.environ.get('HF_HUB_OFFLINE', '').lower() in ('1', 'true', 'yes', 'on'):
         return
+    try:
+        from huggingface_hub import constants
+        if constants.HF_HUB_OFFLINE:
+            return
+    except ImportError:
+        pass
     import urllib.error
     import urllib.request
     endpoint = os.environ.get('HF_ENDPOINT', 'https://huggingface.co').rstrip('/')
@@ -237,9 +243,9 @@ def check_hub(what):
     except urllib.error.HTTPError:
         pass  # it answered (401 without a token): the Hub is reachable
     except Exception as e:
-        raise DataError(f"could not fetch {what}: {endpoint} did not answer within {FETCH_TIMEOUT:g} s "
-                        f"(FETCH_TIMEOUT; {short(e)}). Connect to the internet, or work offline from the "
-                        f"local cache with HF_HUB_OFFLINE=1, or give a local folder") from None
+        raise DataError(f"could not fetch {what} from the Hugging Face Hub: {endpoint} did not answer "
+                        f"({short(e)}; waited at most {FETCH_TIMEOUT:g} s, FETCH_TIMEOUT). Connect to the internet, "
+                        f"or work offline: HF_HUB_OFFLINE=1 uses the local cache only{hint}") from None
 
 
 def get_tokenizer(meta):
@@ -750,7 +756,7 @@ def prepare_hub(cfg, name):
     gpt2_encoding()  # fail fast: offline machines stop here with one line
     what = f"{path}{' (' + config + ')' if config else ''}"
 
-    check_hub(what)
+    check_hub(what, ", or prepare local text with `python prepare.py text --input=PATH`")
 
     def load(split):
         try:
@@ -983,7 +989,7 @@ def prepare_gsm8k(cfg):
     and its test split (1319 problems, for answer accuracy). Only GSM8K itself: for GSM8K-Aug or
     other math data, write JSONL and use `prepare.py jsonl`."""
     tok = hf_tokenizer(cfg['tokenizer'])  # fail fast, before the download
-    check_hub('openai/gsm8k')
+    check_hub('openai/gsm8k', ", or write the data as JSONL and use `python prepare.py jsonl --input=FILE`")
 
     def load(split):
         try:

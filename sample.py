@@ -80,8 +80,9 @@ def load_model(init_from, out_dir, device, which='latest'):
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
     kind = f"the {which} checkpoint" if init_from == 'resume' else "checkpoint"
-    print(f"note: loaded {kind} {path} (step {ckpt.get('iter_num', '?')}, best exact val loss "
-          f"{ckpt.get('best_val_loss', float('nan')):.4f})", file=sys.stderr)
+    best = ckpt.get('best_val_loss', 1e9)
+    print(f"note: loaded {kind} {path} (step {ckpt.get('iter_num', '?')}"
+          + (f", best exact val loss {best:.4f})" if best < 1e9 else ")"), file=sys.stderr)
     return model, ckpt.get('config') or {}
 
 
