@@ -29,6 +29,8 @@ import sys
 import time
 from contextlib import nullcontext
 
+from configurator import parse_bool
+
 # -----------------------------------------------------------------------------
 # config: every global below can be set by a config file or --key=value
 device = 'cpu'          # 'cpu' | 'cuda' | 'cuda:1' ...
@@ -130,6 +132,8 @@ for _arg in _args:
         _v = ast.literal_eval(_s)
     except (ValueError, SyntaxError):
         _v = _s                            # a bare word is a string: --device=cuda
+    if isinstance(globals().get(_k), bool) and parse_bool(_s) is not None:
+        _v = parse_bool(_s)                # --quick=false: the one bool rule of all scripts
     set_key(_k, _v, 'command line')
 if quick:
     for _k, _v in QUICK.items():

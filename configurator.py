@@ -7,6 +7,9 @@ A script keeps its defaults as plain globals, then calls configure(globals(), ke
 A config file is python that assigns some of those globals; --key=value overrides
 come after it. Values are type-checked against the defaults. Every mistake ends
 the program with one line (exit 2), never a traceback.
+
+Booleans on the command line, in every script (parse_bool): True/true/1/yes and
+False/false/0/no, case-insensitive. In a config file (python) a bool must be True or False.
 """
 
 import ast
@@ -17,6 +20,14 @@ import sys
 def fail(msg):
     print(f"error: {msg}", file=sys.stderr)
     raise SystemExit(2)
+
+
+BOOL_WORDS = {'true': True, '1': True, 'yes': True, 'false': False, '0': False, 'no': False}
+
+
+def parse_bool(raw):
+    """A command-line bool -> True/False, or None if raw is not one (the one rule of all scripts)."""
+    return BOOL_WORDS.get(str(raw).strip().lower())
 
 
 def _check(key, value, default, where):
@@ -66,6 +77,8 @@ def configure(g, keys, argv=None):
             if key not in keys:
                 fail(f"unknown config key {key!r}")
             val = _parse(raw)
+            if isinstance(g[key], bool) and parse_bool(raw) is not None:
+                val = parse_bool(raw)  # --compile=false, --compile=0
             if isinstance(g[key], str) and not isinstance(val, str):
                 val = raw  # --dataset=123 stays a string
             g[key] = _check(key, val, g[key], f"--{key}")

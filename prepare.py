@@ -13,6 +13,7 @@ Prepare a dataset for train.py and sample.py, and read it back.
     python prepare.py tiny_retrofit_demo               # offline: a tiny random Llama + tokenizer + JSONL, prepared
 
 Every option is --key=value; `python prepare.py NAME --help` lists NAME's options.
+Downloads wait at most FETCH_TIMEOUT seconds (environment variable, default 30) for an answer.
 
 The format (the contract train.py and sample.py rely on). A dataset is a folder
 holding meta.json and binary files:
@@ -50,6 +51,8 @@ import zlib
 
 import numpy as np
 
+from configurator import parse_bool  # the one command-line bool rule of all scripts
+
 DATA_DIR = 'data'  # datasets go to data/<name>, relative to where you run (train.py's data_root)
 FORMAT_VERSION = 1
 GPT2_EOT = 50256
@@ -75,11 +78,9 @@ def parse_value(key, val, default):
     kind = type(default)
     try:
         if kind is bool:
-            if val.lower() in ('true', '1', 'yes'):
-                return True
-            if val.lower() in ('false', '0', 'no'):
-                return False
-            raise ValueError
+            if parse_bool(val) is None:
+                raise ValueError
+            return parse_bool(val)
         if kind is int:
             try:
                 return int(val)
@@ -191,14 +192,60 @@ def load_answers(data_dir, split, meta):
     return answers
 
 
+# Downloads wait at most FETCH_TIMEOUT seconds for an answer (env FETCH_TIMEOUT, default 30): a
+# network that drops packets instead of refusing must end with one line, not hang forever.
+FETCH_TIMEOUT = float(os.environ.get('FETCH_TIMEOUT') or 30)
+GPT2_OFFLINE = ("tiktoken downloads its vocabulary once: connect to the internet (or set TIKTOKEN_CACHE_DIR to "
+                "a cache that holds it), or use a char-level dataset (prepare.py text --tokenizer=char)")
+
+
 def gpt2_encoding():
+    """tiktoken's GPT-2 encoding. Its first use downloads the vocabulary with no timeout
+    (requests.get), so it runs in a daemon thread that we wait for at most FETCH_TIMEOUT
+    seconds (the files are small: ~1.5 MB); a fetch still hanging then is abandoned."""
+    import threading
+    result = {}
+
+    def load():
+        try:
+            import tiktoken
+            result['enc'] = tiktoken.get_encoding('gpt2')
+        except Exception as e:
+            result['error'] = e
+    worker = threading.Thread(target=load, daemon=True)
+    worker.start()
+    worker.join(FETCH_TIMEOUT)
+    if worker.is_alive():
+        raise DataError(f"could not fetch the GPT-2 tokenizer: no answer within {FETCH_TIMEOUT:g} s "
+                        f"(FETCH_TIMEOUT). {GPT2_OFFLINE}")
+    if 'error' in result:
+        raise DataError(f"could not load the GPT-2 tokenizer ({short(result['error'])}). {GPT2_OFFLINE}")
+    return result['enc']
+
+
+def check_hub(what, hint=', or give a local folder'):
+    """Before a Hugging Face Hub download: does the Hub answer within FETCH_TIMEOUT seconds?
+    (Its client retries timeouts for minutes.) No answer: one line, how to work offline.
+    With HF_HUB_OFFLINE=1 nothing is fetched (the local cache only), so nothing is checked."""
+    if os.environ.get('HF_HUB_OFFLINE', '').lower() in ('1', 'true', 'yes', 'on'):
+        return
     try:
-        import tiktoken
-        return tiktoken.get_encoding('gpt2')
+        from huggingface_hub import constants
+        if constants.HF_HUB_OFFLINE:
+            return
+    except ImportError:
+        pass
+    import urllib.error
+    import urllib.request
+    endpoint = os.environ.get('HF_ENDPOINT', 'https://huggingface.co').rstrip('/')
+    try:  # the proxy settings of the environment apply (HTTPS_PROXY, ...), as for the Hub client
+        urllib.request.urlopen(urllib.request.Request(endpoint + '/api/whoami-v2', method='HEAD'), timeout=FETCH_TIMEOUT)
+    except urllib.error.HTTPError:
+        pass  # it answered (401 without a token): the Hub is reachable
     except Exception as e:
-        raise DataError(f"could not load the GPT-2 tokenizer ({short(e)}). tiktoken downloads its "
-                        f"vocabulary once: connect to the internet (or set TIKTOKEN_CACHE_DIR to a cache "
-                        f"that holds it), or use a char-level dataset (prepare.py text --tokenizer=char)") from None
+        raise DataError(f"could not fetch {what} from the Hugging Face Hub: {endpoint} did not answer "
+                        f"({short(e)}; waited at most {FETCH_TIMEOUT:g} s, FETCH_TIMEOUT). Connect to the internet, "
+                        f"or work offline: HF_HUB_OFFLINE=1 uses the local cache only{hint}") from None
 
 
 def get_tokenizer(meta):
@@ -660,6 +707,8 @@ def prepare_text(cfg):
         raise DataError(f"--input={src}: no such file or folder")
     if not files:
         raise DataError(f"--input={src}: the folder holds no .txt files")
+    if all(os.path.getsize(f) == 0 for f in files):
+        raise DataError(f"--input={src}: {'the file is' if len(files) == 1 else 'all its .txt files are'} empty")
     sample_by = cfg['sample_by'] if cfg['sample_by'] != 'auto' else ('document' if len(files) > 1 else 'paragraph')
     if sample_by not in ('document', 'paragraph'):
         raise DataError(f"--sample_by={sample_by}: expected auto, document or paragraph")
@@ -707,6 +756,8 @@ def prepare_hub(cfg, name):
     gpt2_encoding()  # fail fast: offline machines stop here with one line
     what = f"{path}{' (' + config + ')' if config else ''}"
 
+    check_hub(what, ", or prepare local text with `python prepare.py text --input=PATH`")
+
     def load(split):
         try:
             from datasets import load_dataset
@@ -753,6 +804,8 @@ def hf_tokenizer(name):
     local = os.path.isdir(path)
     if not local and (os.path.isabs(path) or name.startswith(('.', '~')) or name.count('/') > 1 or os.path.exists(path)):
         raise DataError(f"no tokenizer folder at {name}")
+    if not local:
+        check_hub(f"the tokenizer {name}")
     try:
         return AutoTokenizer.from_pretrained(path if local else name)
     except Exception as e:
@@ -936,6 +989,7 @@ def prepare_gsm8k(cfg):
     and its test split (1319 problems, for answer accuracy). Only GSM8K itself: for GSM8K-Aug or
     other math data, write JSONL and use `prepare.py jsonl`."""
     tok = hf_tokenizer(cfg['tokenizer'])  # fail fast, before the download
+    check_hub('openai/gsm8k', ", or write the data as JSONL and use `python prepare.py jsonl --input=FILE`")
 
     def load(split):
         try:

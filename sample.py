@@ -2,6 +2,7 @@
 Sample from a trained model, or score it on a task split with the exact recurrence.
 
 $ python sample.py --out_dir=out --start="ROMEO:"              # 3 samples from out/ckpt.pt
+$ python sample.py --out_dir=out --ckpt=best                   # from out/best.pt (best exact val loss)
 $ python sample.py --out_dir=out --start=FILE:prompt.txt --num_samples=1   # streams tokens
 $ python sample.py --out_dir=out-s5 --eval_split=test_64       # token accuracy / exact match
 $ python sample.py --init_from=scratch --dataset=s5_Z2 --start="0 1 1"     # untrained smoke test
@@ -39,13 +40,14 @@ import torch
 
 from configurator import configure, fail
 from model import GPT, GPTConfig, CheckpointError, load_checkpoint
-from prepare import load_meta, load_split, load_answers, get_tokenizer, extract_answer
+from prepare import load_meta, load_split, load_answers, get_tokenizer, extract_answer, check_hub
 
 # -----------------------------------------------------------------------------
 out_dir = 'out'
-init_from = 'resume'     # 'resume' (out_dir/ckpt.pt), a path to a .pt file, 'scratch' (fresh tiny model), or a
+init_from = 'resume'     # 'resume' (out_dir/ckpt.pt or best.pt: ckpt), a path to a .pt file, 'scratch' (fresh tiny model), or a
                          # Hugging Face Llama name/folder: the pretrained model as it is (a baseline; give --dataset)
 data_root = 'data'
+ckpt = 'latest'          # init_from=resume: 'latest' (out_dir/ckpt.pt) or 'best' (out_dir/best.pt, best exact val loss)
 dataset = ''             # data_root/<dataset>; '' = what the checkpoint was trained on
 start = '\n'             # the prompt, or FILE:path to read it from a file
 num_samples = 3
@@ -70,21 +72,28 @@ trace_row = 0
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
 
 
-def load_model(init_from, out_dir, device):
-    """-> (model, ckpt config dict). Checkpoint problems end the program with one line."""
+def load_model(init_from, out_dir, device, which='latest'):
+    """-> (model, ckpt config dict). Checkpoint problems end the program with one line.
+    which: 'latest' (ckpt.pt) or 'best' (best.pt) for init_from='resume'."""
     if init_from == 'scratch':
         return None, {}
     if init_from != 'resume' and not init_from.endswith('.pt'):
+        if not os.path.isdir(os.path.expanduser(init_from)):
+            check_hub(f"the model {init_from}")  # a network that never answers: one line, not a hang
         try:  # a pretrained Hugging Face model, recurrence off: the baseline a retrofit starts from
             return GPT.from_pretrained(init_from).to(device), {}
         except (CheckpointError, ImportError) as e:
             fail(str(e))
-    path = os.path.join(out_dir, 'ckpt.pt') if init_from == 'resume' else init_from
+    path = os.path.join(out_dir, {'latest': 'ckpt.pt', 'best': 'best.pt'}[which]) if init_from == 'resume' else init_from
     try:
         model, ckpt = load_checkpoint(path, device)
     except CheckpointError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
+    kind = f"the {which} checkpoint" if init_from == 'resume' else "checkpoint"
+    best = ckpt.get('best_val_loss', 1e9)
+    print(f"note: loaded {kind} {path} (step {ckpt.get('iter_num', '?')}"
+          + (f", best exact val loss {best:.4f})" if best < 1e9 else ")"), file=sys.stderr)
     return model, ckpt.get('config') or {}
 
 
@@ -339,12 +348,18 @@ if __name__ == '__main__':
         fail("give trace or eval_split/eval_answers, not both")
     if num_samples < 1 or max_new_tokens < 1 or eval_batch_size < 1:
         fail("num_samples, max_new_tokens and eval_batch_size must be >= 1")
+    if temperature < 0:
+        fail(f"temperature={temperature}: must be >= 0 (0 = greedy)")
+    if top_k < 0:
+        fail(f"top_k={top_k}: must be >= 1, or 0 for no top-k filter")
+    if ckpt not in ('latest', 'best'):
+        fail(f"ckpt={ckpt!r}: expected 'latest' (out_dir/ckpt.pt) or 'best' (out_dir/best.pt)")
     torch.manual_seed(seed)
     device_type = 'cuda' if device.startswith('cuda') else 'cpu'
     ctx = nullcontext() if dtype == 'float32' else torch.autocast(device_type, dtype=torch.bfloat16)
 
     # model, and the dataset it was trained on (for the tokenizer and the task splits)
-    model, train_config = load_model(init_from, out_dir, device)
+    model, train_config = load_model(init_from, out_dir, device, ckpt)
     if dataset:
         data_dir = os.path.join(data_root, dataset)
     elif train_config.get('dataset'):

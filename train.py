@@ -5,6 +5,14 @@ One process:
 $ python train.py config/t2mlr_small.py
 DDP (gloo on CPU, NCCL on GPUs):
 $ torchrun --standalone --nproc_per_node=2 train.py config/t2mlr_small.py
+(gradient_accumulation_steps is the total over processes: one that is not a multiple of
+the number of processes is raised to the next multiple, with a note.)
+
+Reliability (README, "Reliability"): out_dir/ckpt.pt is the latest checkpoint, out_dir/best.pt
+the one with the best exact validation loss so far. A non-finite training loss, gradient
+norm or evaluation loss stops the run at once (exit 3) without saving. SIGINT (Ctrl-C) and
+SIGTERM finish the current step, save ckpt.pt at the step boundary and exit (130, 143):
+--init_from=resume continues bit-identically to an uninterrupted run.
 
 train_mode picks how the recurrence is made parallel for training (model.py):
   'plain'        no recurrence (the baseline; or a recurrent model's backbone alone)
@@ -27,6 +35,7 @@ import json
 import math
 import os
 import random
+import signal
 import sys
 import time
 from contextlib import nullcontext
@@ -38,8 +47,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configurator import configure, fail
-from model import GPT, GPTConfig, CheckpointError, load_checkpoint, save_checkpoint, recorded
-from prepare import load_meta, load_split, load_rec_mask
+from model import GPT, GPTConfig, CheckpointError, load_checkpoint, save_checkpoint, remove_stale_tmp, recorded
+from prepare import load_meta, load_split, load_rec_mask, check_hub
 
 # -----------------------------------------------------------------------------
 # default config values; override with a config file and/or --key=value
@@ -55,7 +64,7 @@ eval_only = False
 eval_first = True        # also evaluate before the first step
 gate_interval = 0        # > 0: also log the gate statistics every gate_interval steps (one exact pass of one batch)
 always_save_checkpoint = True
-init_from = 'scratch'    # 'scratch' | 'resume' | a Hugging Face Llama name or folder (retrofit)
+init_from = 'scratch'    # 'scratch' | 'resume' (out_dir/ckpt.pt) | a Hugging Face Llama name or folder (retrofit)
 seed = 1337
 wandb_log = False
 wandb_project = 't2t-recurrence'
@@ -110,34 +119,68 @@ device = 'cuda' if torch.cuda.is_available() else 'cpu'
 dtype = 'bfloat16' if torch.cuda.is_available() else 'float32'  # 'float32' | 'bfloat16' | 'float16' | 'float64'
 compile = False
 compile_backend = 'inductor'
+ddp_timeout = 600.0      # seconds a process waits for the others in a collective (a frozen rank ends the job);
+                         # more than the longest evaluation + save, which rank 0 runs alone
 peak_flops = 989e12 if torch.cuda.is_available() else 0.0  # for MFU (H100/H200 bf16 dense); 0 = no MFU
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items()
                if not k.startswith('_') and isinstance(v, (int, float, bool, str, type(None)))]
 configure(globals(), config_keys)
 config = {k: globals()[k] for k in config_keys}
-if train_mode not in ('plain', 'jacobi', 'interleaved'):
-    fail(f"unknown train_mode {train_mode!r}; expected 'plain', 'jacobi' or 'interleaved'")
-if recurrence == 'none' and train_mode != 'plain':
-    fail(f"train_mode={train_mode!r} needs a recurrence; use train_mode='plain' for recurrence='none'")
-if dtype not in ('float32', 'bfloat16', 'float16', 'float64'):
-    fail(f"unknown dtype {dtype!r}")
-if jacobi_init not in ('plain', 'zero'):
-    fail(f"unknown jacobi_init {jacobi_init!r}; expected 'plain' (the official code) or 'zero'")
+
+
+def check_config():
+    """Sanity checks of the settings alone: each bad one ends the run with one line (exit 2)
+    before any data is read or model built. (Checks that need the data follow its loading.)"""
+    if train_mode not in ('plain', 'jacobi', 'interleaved'):
+        fail(f"unknown train_mode {train_mode!r}; expected 'plain', 'jacobi' or 'interleaved'")
+    if recurrence == 'none' and train_mode != 'plain':
+        fail(f"train_mode={train_mode!r} needs a recurrence; use train_mode='plain' for recurrence='none'")
+    if dtype not in ('float32', 'bfloat16', 'float16', 'float64'):
+        fail(f"unknown dtype {dtype!r}")
+    if n_iter < 1:
+        fail(f"n_iter={n_iter}: Jacobi needs at least one iteration (n_iter >= 1)")
+    if not 0 <= n_grad <= n_iter:
+        fail(f"n_grad={n_grad}: the iterations with gradient must be 0..n_iter={n_iter}")
+    if jacobi_init not in ('plain', 'zero'):
+        fail(f"unknown jacobi_init {jacobi_init!r}; expected 'plain' (the official code) or 'zero'")
+    if n_subsets < 1 or n_subsets > block_size:
+        fail(f"n_subsets={n_subsets}: interleaved needs 1 <= n_subsets <= block_size={block_size}")
+    for k in ('batch_size', 'block_size', 'gradient_accumulation_steps', 'eval_interval', 'log_interval',
+              'eval_iters', 'eval_exact_iters', 'eval_examples', 'eval_batch_size'):
+        if globals()[k] < 1:
+            fail(f"{k}={globals()[k]}: must be >= 1")
+    for k in ('learning_rate', 'min_lr', 'max_iters', 'warmup_iters', 'grad_clip', 'weight_decay'):
+        if globals()[k] < 0:
+            fail(f"{k}={globals()[k]}: must be >= 0")
+    if not 0 <= dropout < 1:
+        fail(f"dropout={dropout}: must be in [0, 1)")
+    if ddp_timeout <= 0:
+        fail(f"ddp_timeout={ddp_timeout}: must be > 0 (seconds)")
+    if device.startswith('cuda') and not torch.cuda.is_available():
+        fail(f"device={device} but torch.cuda.is_available() is False (use --device=cpu)")
+
+
+check_config()
 # -----------------------------------------------------------------------------
 # processes and devices
 
 ddp = int(os.environ.get('RANK', -1)) != -1
 if ddp:
     use_cuda = device.startswith('cuda')
-    dist.init_process_group(backend='nccl' if use_cuda else 'gloo')
+    from datetime import timedelta
+    dist.init_process_group(backend='nccl' if use_cuda else 'gloo', timeout=timedelta(seconds=ddp_timeout))
     rank, local_rank, world_size = dist.get_rank(), int(os.environ['LOCAL_RANK']), dist.get_world_size()
     if use_cuda:
         device = f'cuda:{local_rank}'
         torch.cuda.set_device(device)
     master = rank == 0
-    if gradient_accumulation_steps % world_size:
-        fail(f"gradient_accumulation_steps={gradient_accumulation_steps} must be divisible by the {world_size} processes")
+    if gradient_accumulation_steps % world_size:  # e.g. the docstring's torchrun command with a 1-step config
+        scaled = -(-gradient_accumulation_steps // world_size) * world_size
+        if master:
+            print(f"note: gradient_accumulation_steps={gradient_accumulation_steps} raised to {scaled}, "
+                  f"a multiple of the {world_size} processes (a larger batch per step)")
+        gradient_accumulation_steps = config['gradient_accumulation_steps'] = scaled
 else:
     rank, world_size, master = 0, 1, True
 accum_local = gradient_accumulation_steps // world_size  # micro-batches this process runs per step
@@ -151,6 +194,25 @@ ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torc
 autocast = nullcontext() if ptdtype in (torch.float32, torch.float64) else torch.amp.autocast(device_type, dtype=ptdtype)
 if master:
     os.makedirs(out_dir, exist_ok=True)
+
+# SIGINT (Ctrl-C) and SIGTERM (what schedulers send before preemption) only set a flag: the
+# loop finishes the step it is in and saves at the step boundary, so the checkpoint never
+# holds a half-updated model or a data generator one batch ahead (exact resume). A second
+# signal more than 2 s later exits at once, without saving (within 2 s it is the same request:
+# Ctrl-C under torchrun reaches a worker twice, from the terminal and from torchrun).
+stop_signal, stop_time = 0, 0.0
+
+
+def on_signal(signum, frame):
+    global stop_signal, stop_time
+    if stop_signal and time.monotonic() - stop_time > 2:
+        raise SystemExit(128 + signum)
+    if not stop_signal:
+        stop_signal, stop_time = signum, time.monotonic()
+
+
+signal.signal(signal.SIGINT, on_signal)
+signal.signal(signal.SIGTERM, on_signal)
 
 # -----------------------------------------------------------------------------
 # data: token streams (language modelling) or fixed-length examples with aligned targets (tasks)
@@ -170,6 +232,29 @@ if is_task:
 else:
     train_data = load_split(data_dir, 'train', meta)
     seq_len = block_size
+
+
+def check_data():
+    """Sanity checks that need the data (still before any model is built): every split long
+    enough for one batch, every token id inside the vocabulary (one max over each memmap,
+    so a corrupt .bin is not an IndexError or a device assert in the middle of a run)."""
+    if n_subsets > seq_len:
+        fail(f"n_subsets={n_subsets}: interleaved needs 1 <= n_subsets <= the sequence length {seq_len}")
+    for split in (meta['splits'] if is_task else ['train', 'val']):
+        arrays = load_split(data_dir, split, meta)
+        arrays = arrays if is_task else (arrays,)
+        if not is_task and len(arrays[0]) < seq_len + 2:
+            fail(f"split {split} of {dataset} has {len(arrays[0])} tokens: block_size={seq_len} needs at least "
+                 f"{seq_len + 2} (use a smaller block_size or more data)")
+        if is_task and len(arrays[0]) == 0:
+            fail(f"split {split} of {dataset} has no rows")
+        top = max(int(a.max()) for a in arrays)
+        if top >= meta['vocab_size']:
+            fail(f"split {split} of {dataset} holds token id {top} >= vocab_size {meta['vocab_size']}: "
+                 f"the data is corrupt or from another tokenizer (re-run prepare.py)")
+
+
+check_data()
 tokens_per_iter = gradient_accumulation_steps * batch_size * seq_len
 
 # The order of training batches comes from one generator that every process holds
@@ -218,19 +303,49 @@ model_args = dict(block_size=block_size, vocab_size=meta['vocab_size'], n_layer=
                   lrt_inject=lrt_inject, lrt_shared=lrt_shared, lrt_identity_init=lrt_identity_init)
 iter_num, best_val_loss, ckpt = 0, 1e9, None
 pretrained = None  # the Hugging Face checkpoint a retrofit run started from (kept across resumes)
-ckpt_path = os.path.join(out_dir, 'ckpt.pt')
+ckpt_path = os.path.join(out_dir, 'ckpt.pt')   # the latest checkpoint
+best_path = os.path.join(out_dir, 'best.pt')   # the best by exact validation loss so far
+if master:
+    for p in (ckpt_path, best_path):  # temp files of saves killed mid-write (kill -9, OOM)
+        for f in remove_stale_tmp(p):
+            print(f"note: removed {f}, left by an interrupted save")
+INIT_ONLY = ('rec_gate_gain', 'lrt_identity_init')  # model args that only shape the initialisation
+
+
+def resume_notes(saved, wanted, retrofit):
+    """A note for every model arg in which the checkpoint (what runs) differs from the config.
+    A retrofit's backbone shape is the pretrained model's: only its recurrence args are noted.
+    block_size: token sequences shorter than the model's context are fine (checked later)."""
+    try:  # resolve the config's automatic values (mlp_hidden=0, rec_end=-1) as a new model would
+        wanted = asdict(GPTConfig(**wanted))
+    except (ValueError, TypeError):
+        pass
+    for k in saved:
+        if k in INIT_ONLY or k not in wanted or saved[k] == wanted[k]:
+            continue
+        if retrofit and not (k.startswith(('rec', 'lrt_')) or k == 'dropout'):
+            continue
+        if k == 'block_size' and wanted[k] <= saved[k]:
+            continue
+        if master:
+            print(f"note: resuming with the checkpoint's {k}={saved[k]!r} (config says {wanted[k]!r})")
+
+
 try:
     if init_from == 'scratch':
         model = GPT(GPTConfig(**model_args))
     elif init_from == 'resume':
         model, ckpt = load_checkpoint(ckpt_path)
         pretrained = ckpt.get('pretrained')
-        for k in ('n_layer', 'n_embd', 'recurrence', 'vocab_size'):
-            if ckpt['model_args'][k] != model_args[k] and not (pretrained and k != 'recurrence'):  # a retrofit's shape is the checkpoint's
-                print(f"note: resuming with the checkpoint's {k}={ckpt['model_args'][k]} (config says {model_args[k]})")
+        resume_notes(ckpt['model_args'], model_args, pretrained)
         model_args = ckpt['model_args']
+        # the saved config records what runs: the checkpoint's model args (block_size stays
+        # the config's: for token data it is the training sequence length)
+        config.update({k: v for k, v in model_args.items() if k in config and k != 'block_size'})
         iter_num, best_val_loss = ckpt['iter_num'], ckpt['best_val_loss']
     else:  # retrofit a pretrained Llama-family checkpoint
+        if not os.path.isdir(os.path.expanduser(init_from)):
+            check_hub(f"the model {init_from}")  # a network that never answers: one line, not a hang
         rec = {k: model_args[k] for k in model_args if k.startswith(('rec', 'lrt_')) or k in ('dropout', 'reset_token')}
         rec['lrt_identity_init'] = True  # a retrofit starts at identity: LRT's gamma = 0, W_fb = 0
         model = GPT.from_pretrained(init_from, **rec)  # the backbone's shape and vocab come from the checkpoint
@@ -434,6 +549,20 @@ def print_eval(m):
         print("  gates (mean over reading layers): " + ", ".join(f"{n} {m[f'gates/{n}']:.4f}" for n in names)
               + f", state norm {m['gates/state']:.3f}")
 
+def nonfinite(metrics):
+    """The names of the non-finite values of an evaluation (a diverged model)."""
+    return [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
+
+
+def stop_diverged(what):
+    """A non-finite value: stop at once, one line, exit 3, nothing saved (ckpt.pt and best.pt
+    keep the last good weights)."""
+    if master:
+        print(f"error: iteration {iter_num}: {what}: the run diverged; stopped without saving "
+              f"({ckpt_path} and {best_path} hold the last good weights; resume with a lower "
+              f"learning_rate or grad_clip > 0)", file=sys.stderr)
+    sys.exit(3)
+
 # -----------------------------------------------------------------------------
 # training loop
 
@@ -450,33 +579,58 @@ try:
 
         at_start = iter_num == 0 and not eval_first and not eval_only
         if (iter_num % eval_interval == 0 or eval_only or iter_num == max_iters) and not at_start:
+            bad = []
             if master:
                 metrics = evaluate()
                 print_eval(metrics)
                 log_json({'iter': iter_num, 'type': 'eval', **metrics})
                 if wandb_log:
                     wandb.log({'iter': iter_num, **metrics})
+                bad = nonfinite(metrics)  # never saved: ckpt.pt and best.pt stay finite
                 val = metrics['val/loss_exact']
-                if val < best_val_loss or always_save_checkpoint:
+                if not bad and iter_num > 0 and not eval_only:
+                    improved = val < best_val_loss
                     best_val_loss = min(best_val_loss, val)
-                    if iter_num > 0 and not eval_only:
+                    if improved:  # best.pt: the best exact val loss so far, never replaced by a worse one
+                        save_checkpoint(checkpoint(), best_path)
+                    if improved or always_save_checkpoint:
                         save_checkpoint(checkpoint(), ckpt_path)
-                        print(f"saved checkpoint to {ckpt_path}")
+                        print(f"saved checkpoint to {ckpt_path}" + (f" and {best_path}" if improved else ""))
+            if ddp:  # every process evaluates at the same steps: all learn whether rank 0 saw a diverged model
+                flag = torch.tensor([float(bool(bad))], device=device)
+                dist.broadcast(flag, src=0)
+                bad = bad or (['an evaluation loss'] if flag.item() else [])
+            if bad:
+                stop_diverged(f"non-finite {', '.join(bad)}")
             t0 = time.time()  # step timing excludes evaluation
         if eval_only or iter_num >= max_iters:
             break
 
         # one optimisation step over the global batch
+        loss_sum = 0.0
         for micro, (x, y, m) in enumerate(train_batches()):
             if ddp:  # synchronise gradients on the last micro-step only
                 model.require_backward_grad_sync = micro == accum_local - 1
             with autocast:
                 _, loss = model(x, y, rec_mask=m, **scheme)
+                loss_sum = loss_sum + loss.detach()
                 loss = loss / accum_local
             scaler.scale(loss).backward()
-        if grad_clip > 0:
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        scaler.unscale_(optimizer)  # (a no-op without fp16) the norm of the true gradient
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else math.inf)
+        # the step's train loss: the mean over all its micro-batches (of all processes, below).
+        # Divergence guard and stop requests, one small collective per step: [loss, grad norm,
+        # signal] non-finite / set on any process -> every process stops at the same step.
+        lossf = loss_sum / accum_local
+        flags = torch.stack([~torch.isfinite(lossf),
+                             ~torch.isfinite(grad_norm) & (not scaler.is_enabled()),  # fp16: the scaler skips such steps
+                             torch.tensor(stop_signal > 0, device=lossf.device)]).float()
+        if ddp:
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        loss_bad, grad_bad, stop = flags.tolist()
+        if loss_bad or grad_bad:  # before optimizer.step: the weights are still the last good ones
+            stop_diverged(' and '.join([f"non-finite train loss" + ('' if ddp else f" ({lossf.item()})")] * bool(loss_bad) +
+                                       [f"non-finite gradient norm ({grad_norm.item()})"] * bool(grad_bad)))
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
@@ -485,7 +639,6 @@ try:
             log_json({'iter': iter_num, 'type': 'gates', **gate_stats()})  # eval mode, no RNG drawn: training unchanged
 
         if iter_num % log_interval == 0:
-            lossf = loss.detach() * accum_local
             if ddp:
                 dist.all_reduce(lossf, op=dist.ReduceOp.AVG)
             if master:
@@ -498,14 +651,19 @@ try:
                           'dt_ms': dt * 1000, 'tok_per_s': tokens_per_iter / dt, 'mfu': mfu})
                 if wandb_log:
                     wandb.log({'iter': iter_num, 'train/loss': lossf.item(), 'lr': lr, 'mfu': mfu})
+
+        if stop:  # the step boundary: the checkpoint is exactly what an uninterrupted run has here
+            sig = stop_signal or signal.SIGTERM  # (a process that got none stops because another did)
+            if master:
+                save_checkpoint(checkpoint(), ckpt_path)
+                print(f"stopped by {signal.Signals(sig).name} at step {iter_num}: saved checkpoint to {ckpt_path} "
+                      f"(resume with --init_from=resume)", flush=True)
+            if ddp:
+                dist.barrier()  # the others wait for rank 0's save
+            sys.exit(128 + sig)
     if ddp:
         # rank 0 may still be evaluating and saving: tearing gloo down under it aborts
         dist.barrier()
-except KeyboardInterrupt:
-    if master and iter_num > 0:
-        save_checkpoint(checkpoint(), ckpt_path)
-        print(f"\ninterrupted at step {iter_num}: saved checkpoint to {ckpt_path} (resume with --init_from=resume)")
-    sys.exit(130)
 finally:
     if ddp:
         dist.destroy_process_group()

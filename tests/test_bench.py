@@ -102,7 +102,7 @@ def test_prefill_figures(quick):
 @pytest.mark.parametrize('args, msg', [
     (['--no_such_key=1'], 'unknown config key'),
     (['--D=eight'], 'D (command line) must be int'),
-    (['--quick=1'], 'quick (command line) must be bool'),
+    (['--quick=maybe'], 'quick (command line) must be bool'),  # 1/0 are bools (parse_bool)
     (['--gen_lens=(1, 2.5)'], 'tuple of ints'),
     (['D=8'], 'no config file'),
     (['--D'], 'expected --key=value'),

@@ -296,6 +296,7 @@ def test_hub_pipeline_with_fakes(tmp_path, monkeypatch):
     docs = {'train': [{'text': f'story {i} ' * (i % 4 + 1)} for i in range(50)],
             'validation': [{'text': f'val {i}'} for i in range(5)]}
     monkeypatch.setattr(datasets, 'load_dataset', lambda path, name=None, split=None, **kw: docs[split])
+    monkeypatch.setattr(prepare, 'check_hub', lambda *a: None)  # the Hub is faked: no reachability probe
     outs = [make(tmp_path, 'tinystories', '--num_proc=1', name='ts1')]
     monkeypatch.setattr(prepare, 'SHARD_TOKENS', 7)  # many small shards appended
     outs.append(make(tmp_path, 'tinystories', '--num_proc=2', name='ts2'))

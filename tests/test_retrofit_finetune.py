@@ -153,6 +153,7 @@ def test_gsm8k_with_fake_hub(setup, tmp_path, monkeypatch):
     rows = {'train': [{'question': f' {i}+1= ', 'answer': f'{i}+1=<<{i}+1={i + 1}>>{i + 1}\n#### {i + 1}'} for i in range(12)],
             'test': [{'question': '2+2=', 'answer': '2+2=<<2+2=4>>4\n#### 4'}]}
     monkeypatch.setattr(datasets, 'load_dataset', lambda path, name=None, split=None, **kw: rows[split])
+    monkeypatch.setattr(prepare, 'check_hub', lambda *a: None)  # the Hub is faked: no reachability probe
     d = str(tmp_path / 'g')
     prepare.main(['gsm8k', f'--tokenizer={llama}', '--n_val=2', f'--out_dir={d}'])
     meta = load_meta(d)
