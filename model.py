@@ -116,38 +116,52 @@ def smollm2_135m_config(**overrides):
 
 class KVCache:
     """Per-layer keys/values (after RoPE), shape (B, n_kv_head, max_len, head_dim),
-    indexed by original token position. Written at the positions a call runs,
-    read as a prefix [0, kv_len). Allocated lazily, in the dtype of the keys."""
+    indexed by original token position. Allocated lazily, in the dtype of the keys.
+    Two ways to write, one buffer:
+      pos a python range  (prefill, training): written at pos, read as the prefix [0, pos[-1]];
+      pos a long tensor   (the static step: decode, exact span): written in place with
+                          index_copy_, read as the WHOLE buffer, so shapes never change and
+                          torch.compile compiles the step once (run_blocks masks the rest)."""
 
     def __init__(self, n_layer, max_len):
         self.max_len = max_len
         self.k = [None] * n_layer
         self.v = [None] * n_layer
 
+    def _full(self, i, k, v):
+        # the buffers at full length: allocate, or pad a graph-kept prefix (interleaved training)
+        if self.k[i] is None:
+            shape = (k.size(0), k.size(1), self.max_len, k.size(3))
+            self.k[i], self.v[i] = k.new_zeros(shape), v.new_zeros(shape)
+        elif self.k[i].size(2) < self.max_len:
+            pad = self.max_len - self.k[i].size(2)
+            self.k[i] = F.pad(self.k[i], (0, 0, 0, pad))
+            self.v[i] = F.pad(self.v[i], (0, 0, 0, pad))
+
     def write(self, i, pos, k, v):
-        # pos: a python range of positions, k/v: (B, Hkv, len(pos), hd)
+        # pos: python range or (T,) long tensor of positions, k/v: (B, Hkv, T, hd)
+        if torch.is_tensor(pos):
+            self._full(i, k, v)
+            if torch.is_grad_enabled():  # exact forward under autograd: out-of-place
+                self.k[i], self.v[i] = self.k[i].index_copy(2, pos, k), self.v[i].index_copy(2, pos, v)
+            else:                        # inference: in place, O(1) memory traffic per token
+                self.k[i].index_copy_(2, pos, k)
+                self.v[i].index_copy_(2, pos, v)
+            return self.k[i], self.v[i]
         kv_len = pos[-1] + 1
         if kv_len > self.max_len:
             raise ValueError(f"KV cache holds {self.max_len} positions, position {pos[-1]} asked for")
-        if self.k[i] is None:
-            if pos.start == 0 and pos.step == 1 and torch.is_grad_enabled():
-                self.k[i], self.v[i] = k, v   # init pass of interleaved training: keep the graph
-                return k, v
-            shape = (k.size(0), k.size(1), self.max_len, k.size(3))
-            self.k[i] = k.new_zeros(shape)
-            self.v[i] = v.new_zeros(shape)
+        if self.k[i] is None and pos.start == 0 and pos.step == 1 and torch.is_grad_enabled():
+            self.k[i], self.v[i] = k, v   # init pass of interleaved training: keep the graph
+            return k, v
+        self._full(i, k, v)
         if torch.is_grad_enabled():
             # training (interleaved): out-of-place, so autograd keeps every version
             # and gradients flow through the buffer into earlier passes
             sl = dict(dim=2, start=pos.start, end=pos.stop, step=pos.step)
-            if self.k[i].size(2) < self.max_len:  # grew from a graph-kept prefix
-                pad = self.max_len - self.k[i].size(2)
-                self.k[i] = F.pad(self.k[i], (0, 0, 0, pad))
-                self.v[i] = F.pad(self.v[i], (0, 0, 0, pad))
             self.k[i] = self.k[i].slice_scatter(k, **sl)
             self.v[i] = self.v[i].slice_scatter(v, **sl)
         else:
-            # inference: in place, O(1) memory traffic per token
             self.k[i][:, :, pos.start:pos.stop:pos.step] = k
             self.v[i][:, :, pos.start:pos.stop:pos.step] = v
         return self.k[i][:, :, :kv_len], self.v[i][:, :, :kv_len]
@@ -343,7 +357,8 @@ class GPT(nn.Module):
 
     def run_blocks(self, x, a, b, pos, state_in=None, cache=None, rec_mask=None, shared_kv=None):
         """x: (B, len(pos), d), the residual stream at the input of block a, for the
-        tokens at original positions pos (a python range). state_in: (B, len(pos), d),
+        tokens at original positions pos (a python range; or a (T,) long tensor: the
+        static step, which needs cache and attends over its whole buffer). state_in: (B, len(pos), d),
         the state each of those tokens reads (R_{t-1} or m_{t-1}); None runs the plain
         model (no fusion, no injection). cache: a KVCache to write keys into and attend
         over (None: the positions are 0..T-1 and attend among themselves).
@@ -354,14 +369,23 @@ class GPT(nn.Module):
         if a > b:
             return x
         rec_on = None if rec_mask is None else rec_mask.unsqueeze(-1)  # (B, T, 1)
-        rope = (self.rope_cos[pos.start:pos.stop:pos.step], self.rope_sin[pos.start:pos.stop:pos.step])
         mask = None  # causal among x itself, or a single query that sees the whole prefix
         W = self.config.attn_window
-        if W > 0 or (cache is not None and len(pos) > 1 and not (pos.start == 0 and pos.step == 1)):
-            # queries at pos attend to keys 0..pos[-1] causally by original position
+        if torch.is_tensor(pos):
+            # the static step: pos a (T,) tensor, keys = the whole cache buffer, masked by
+            # position (no shape depends on pos: torch.compile compiles this once)
+            rope = (self.rope_cos.index_select(0, pos), self.rope_sin.index_select(0, pos))
+            kpos, qpos = torch.arange(cache.max_len, device=x.device), pos
+        else:
+            rope = (self.rope_cos[pos.start:pos.stop:pos.step], self.rope_sin[pos.start:pos.stop:pos.step])
+            if W > 0 or (cache is not None and len(pos) > 1 and not (pos.start == 0 and pos.step == 1)):
+                kpos = torch.arange(pos[-1] + 1, device=x.device)
+                qpos = torch.arange(pos.start, pos.stop, pos.step, device=x.device)
+            else:
+                kpos = None
+        if kpos is not None:
+            # queries at qpos attend to keys 0..qpos causally by original position
             # (and, with a window, only to the last W of them)
-            kpos = torch.arange(pos[-1] + 1, device=x.device)
-            qpos = torch.arange(pos.start, pos.stop, pos.step, device=x.device)
             mask = kpos[None, :] <= qpos[:, None]
             if W > 0:
                 mask = mask & (kpos[None, :] > qpos[:, None] - W)
@@ -449,7 +473,7 @@ class GPT(nn.Module):
             return self.forward_interleaved(idx, targets, n_subsets, rec_mask)
         raise ValueError(f"unknown mode {mode!r}; expected 'plain', 'exact', 'jacobi' or 'interleaved'")
 
-    def _exact(self, idx, cache, rec_mask=None):
+    def _exact(self, idx, cache, rec_mask=None, step=None):
         """Exact recurrence (DESIGN.md 5). Below/above segments run in parallel over the
         sequence; only the span runs token by token. Returns (x_out, last_state)."""
         B, T = idx.shape
@@ -458,15 +482,24 @@ class GPT(nn.Module):
         state = x.new_zeros(B, 1, self.config.n_embd)  # R_{-1} = 0
         hs, ins = [], []
         for t in range(T):
-            m = None if rec_mask is None else rec_mask[:, t:t + 1]
-            st = self._reset(state, idx[:, t:t + 1], m)  # (B, 1, d) what token t reads
-            h = self.run_blocks(x[:, t:t + 1], self.s, self.e, range(t, t + 1), st, cache, m)
-            state = self.next_state(h, st)
+            # step: the static span step, eager or compiled (generate(compile=...)); the
+            # first token runs eagerly, which allocates the span's cache buffers
+            f = self._span_step if step is None or t == 0 else step
+            h, st, state = f(x, idx, torch.tensor([t], device=idx.device), state, cache, rec_mask)
             hs.append(h)
             ins.append(st)
         h, state_in = torch.cat(hs, 1), torch.cat(ins, 1)
         x = self.run_blocks(h, self.e + 1, L - 1, range(T), state_in, cache, rec_mask)
         return x, state[:, 0]
+
+    def _span_step(self, x, idx, pos, state, cache, rec_mask=None):
+        """Token pos ((1,) long tensor) of x (B, T, d) through the span, reading state
+        (B, 1, d) = what token pos-1 produced. The static step (fixed shapes for every
+        pos), like decode_step. Returns (h^(e), the state it read, the state it hands on)."""
+        m = None if rec_mask is None else rec_mask.index_select(1, pos)
+        st = self._reset(state, idx.index_select(1, pos), m)  # (B, 1, d) what token pos reads
+        h = self.run_blocks(x.index_select(1, pos), self.s, self.e, pos, st, cache, m)
+        return h, st, self.next_state(h, st)
 
     def forward_exact(self, idx, targets=None, rec_mask=None):
         x, _ = self._exact(idx, KVCache(self.config.n_layer, idx.size(1)), rec_mask)
@@ -537,16 +570,17 @@ class GPT(nn.Module):
     # generation: KV cache + one state vector per sequence, one pass per token
 
     @torch.no_grad()
-    def prefill(self, idx, cache, mode='exact', n_iter=8):
+    def prefill(self, idx, cache, mode='exact', n_iter=8, compile=False):
         """Process a prompt into the cache. Returns (logits (B,T,V), state (B,d)) where
         state is what the first generated token will read (before any reset).
-        mode: 'exact' | 'jacobi' (n_iter passes) | 'plain' (no recurrence in the prompt)."""
+        mode: 'exact' | 'jacobi' (n_iter passes) | 'plain' (no recurrence in the prompt).
+        compile: as in generate; the exact prefill's token-by-token span steps compiled."""
         T = idx.size(1)
         if self.rec == 'none':
             x = self.run_blocks(self.wte(idx), 0, self.config.n_layer - 1, range(T), None, cache)
             return self._logits_loss(x, None)[0], None
         if mode == 'exact':
-            x, state = self._exact(idx, cache)
+            x, state = self._exact(idx, cache, step=self.compiled('_span_step', compile) if compile else None)
         elif mode == 'jacobi':
             x, state_in, h = self._jacobi(idx, n_iter, 0, cache)
             state = self.next_state(h[:, -1:], state_in[:, -1:])[:, 0]
@@ -559,11 +593,15 @@ class GPT(nn.Module):
         return self._logits_loss(x, None)[0], state
 
     @torch.no_grad()
-    def decode_step(self, tok, t, state, cache):
-        """One forward pass for one new token per sequence. tok: (B, 1) at position t;
-        state: (B, d) from token t-1. Returns (logits (B, 1, V), new state (B, d))."""
+    def decode_step(self, tok, pos, state, cache):
+        """One forward pass for one new token per sequence. tok: (B, 1) at position pos,
+        a (1,) long tensor (or an int); state: (B, d) from token pos-1. Returns (logits
+        (B, 1, V), new state (B, d)). The static step: the cache is a preallocated buffer
+        written in place and attended over whole, under a mask built from pos, so no shape
+        depends on pos and torch.compile compiles it once (generate(compile=True))."""
+        if not torch.is_tensor(pos):
+            pos = torch.tensor([pos], device=tok.device)
         x = self.wte(tok)
-        pos = range(t, t + 1)
         if self.rec == 'none':
             return self._logits_loss(self.run_blocks(x, 0, self.config.n_layer - 1, pos, None, cache), None)[0], None
         st = self._reset(state[:, None], tok)
@@ -575,18 +613,23 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, prefill='exact',
-                 prefill_iters=8, return_logits=False, generator=None, stop_token=None, on_token=None):
+                 prefill_iters=8, return_logits=False, generator=None, stop_token=None, on_token=None,
+                 compile=False):
         """idx: (B, T0) prompts of equal length. Exactly one forward pass per new token
         after the prefill. temperature 0 = greedy. Returns (B, T0 + max_new_tokens)
         tokens, and with return_logits the (B, T0 + max_new_tokens - 1, V) logits that
         produced every next token. on_token(tokens so far) is called after each new
         token (for streaming); with stop_token, generation ends early once every row has
-        produced it (rows that stopped earlier run on: cut them at their first stop_token)."""
+        produced it (rows that stopped earlier run on: cut them at their first stop_token).
+        compile: False (eager), True (torch.compile'd decode_step and exact-prefill span
+        step, compiled once per batch size and length) or a torch.compile mode, e.g.
+        'reduce-overhead' (CUDA graphs). The same decode_step runs either way."""
         B, T0 = idx.shape
         if T0 + max_new_tokens > self.config.block_size:
             raise ValueError(f"prompt {T0} + {max_new_tokens} new tokens exceeds block_size {self.config.block_size}")
         cache = KVCache(self.config.n_layer, T0 + max_new_tokens)
-        logits, state = self.prefill(idx, cache, prefill, prefill_iters)
+        logits, state = self.prefill(idx, cache, prefill, prefill_iters, compile)
+        decode = self.compiled('decode_step', compile) if compile else self.decode_step
         all_logits = [logits]
         out = [idx]
         done = torch.zeros(B, 1, dtype=torch.bool, device=idx.device)
@@ -600,10 +643,23 @@ class GPT(nn.Module):
                 if done.all():
                     break
             if step < max_new_tokens - 1:
-                logits, state = self.decode_step(tok, T0 + step, state, cache)
+                logits, state = decode(tok, torch.tensor([T0 + step], device=idx.device), state, cache)
+                if compile == 'reduce-overhead':  # CUDA graph outputs are overwritten by the next replay
+                    logits, state = logits.clone(), state if state is None else state.clone()
                 all_logits.append(logits)
         out = torch.cat(out, 1)
         return (out, torch.cat(all_logits, 1)) if return_logits else out
+
+    def compiled(self, name, compile=True):
+        """torch.compile'd self.<name> (a static step: 'decode_step' or '_span_step'),
+        built once per model and mode. compile: True or a torch.compile mode string. A
+        torch without a working compiler backend fails at the first call: CompileError."""
+        mode = None if compile is True else compile
+        fns = self.__dict__.setdefault('_compiled_steps', {})
+        if (name, mode) not in fns:
+            fn = torch.compile(getattr(self, name), mode=mode, dynamic=False)
+            fns[(name, mode)] = _first_call_checked(fn, mode)
+        return fns[(name, mode)]
 
     # ------------------------------------------------------------------
     # optimizer groups and FLOPs
@@ -677,6 +733,29 @@ class GPT(nn.Module):
 
 # -----------------------------------------------------------------------------
 # helpers
+
+class CompileError(RuntimeError):
+    pass
+
+
+def _first_call_checked(fn, mode):
+    """fn, a torch.compile'd function, whose first call turns a compiler failure (no C++
+    compiler, no triton, an unsupported torch build) into one CompileError line."""
+    ok = []
+
+    def call(*args):
+        if ok:
+            return fn(*args)
+        try:
+            out = fn(*args)
+        except Exception as e:
+            first = (str(e).strip().splitlines() or [''])[0][:200]
+            raise CompileError(f"torch.compile (mode={mode}) failed on this torch/machine: "
+                               f"{type(e).__name__}: {first}; run with --compile=False") from None
+        ok.append(True)
+        return out
+    return call
+
 
 def where_on(rec_on, new, old):
     """new where the recurrence is on (rec_on: (B, T, 1) bool, None = everywhere), else old."""
