@@ -644,7 +644,8 @@ class GPT(nn.Module):
                     break
             if step < max_new_tokens - 1:
                 logits, state = decode(tok, torch.tensor([T0 + step], device=idx.device), state, cache)
-                if compile == 'reduce-overhead':  # CUDA graph outputs are overwritten by the next replay
+                if 'reduce-overhead' in (compile, getattr(compile, 'get', dict().get)('mode')):
+                    # CUDA graph outputs are overwritten by the next replay
                     logits, state = logits.clone(), state if state is None else state.clone()
                 all_logits.append(logits)
         out = torch.cat(out, 1)
@@ -652,14 +653,16 @@ class GPT(nn.Module):
 
     def compiled(self, name, compile=True):
         """torch.compile'd self.<name> (a static step: 'decode_step' or '_span_step'),
-        built once per model and mode. compile: True or a torch.compile mode string. A
-        torch without a working compiler backend fails at the first call: CompileError."""
-        mode = None if compile is True else compile
+        built once per model and setting. compile: True, a torch.compile mode string
+        ('reduce-overhead': CUDA graphs), or a dict of torch.compile arguments (e.g.
+        backend='eager' in tests). A torch without a working compiler backend fails at
+        the first call: CompileError."""
+        kw = {} if compile is True else dict(mode=compile) if isinstance(compile, str) else dict(compile)
+        key = (name, tuple(sorted(kw.items())))
         fns = self.__dict__.setdefault('_compiled_steps', {})
-        if (name, mode) not in fns:
-            fn = torch.compile(getattr(self, name), mode=mode, dynamic=False)
-            fns[(name, mode)] = _first_call_checked(fn, mode)
-        return fns[(name, mode)]
+        if key not in fns:
+            fns[key] = _first_call_checked(torch.compile(getattr(self, name), dynamic=False, **kw), kw)
+        return fns[key]
 
     # ------------------------------------------------------------------
     # optimizer groups and FLOPs
@@ -738,7 +741,7 @@ class CompileError(RuntimeError):
     pass
 
 
-def _first_call_checked(fn, mode):
+def _first_call_checked(fn, kw):
     """fn, a torch.compile'd function, whose first call turns a compiler failure (no C++
     compiler, no triton, an unsupported torch build) into one CompileError line."""
     ok = []
@@ -750,7 +753,7 @@ def _first_call_checked(fn, mode):
             out = fn(*args)
         except Exception as e:
             first = (str(e).strip().splitlines() or [''])[0][:200]
-            raise CompileError(f"torch.compile (mode={mode}) failed on this torch/machine: "
+            raise CompileError(f"torch.compile({', '.join(f'{k}={v}' for k, v in kw.items())}) failed on this torch/machine: "
                                f"{type(e).__name__}: {first}; run with --compile=False") from None
         ok.append(True)
         return out
