@@ -185,14 +185,15 @@ def rope_tables(head_dim, max_len, theta):
     freqs = torch.outer(torch.arange(max_len, dtype=torch.float64), inv_freq)
     emb = torch.cat([freqs, freqs], dim=-1)  # (max_len, hd)
     dtype = torch.get_default_dtype()  # float64 tables when a test builds the model in float64
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    # rotate_half(x) = [-x2, x1] = roll(x, hd/2) * [-1, +1]: the sign goes into the sin table
+    sign = torch.cat([-torch.ones(head_dim // 2), torch.ones(head_dim // 2)]).to(torch.float64)
+    return emb.cos().to(dtype), (emb.sin() * sign).to(dtype)
 
 
 def apply_rope(x, cos, sin):
-    # x: (B, T, H, hd); cos/sin: (T, hd). rotate_half pairs dim j with dim j + hd/2.
-    cos, sin = cos[None, :, None, :].to(x.dtype), sin[None, :, None, :].to(x.dtype)
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+    # x: (B, T, H, hd); cos/sin: (T, 1, hd), sin signed (rope_tables). rotate_half pairs
+    # dim j with dim j + hd/2: x cos + rotate_half(x) sin, in 4 ops
+    return x * cos.to(x.dtype) + x.roll(x.size(-1) // 2, -1) * sin.to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -218,11 +219,12 @@ class Attention(nn.Module):
         if mem_kv is not None:
             # LRT (DESIGN.md 4): k_t = g_loc * W_k a + g_fb * W_fb_k m_{t-1}, same for v.
             # A gated addition to the token's OWN key/value: the cache keeps its shape.
+            # g: (B, T, 2, Hkv, 1) = (g_loc, g_fb); mem_kv: (B, T, 2, Hkv, hd) = (W_fb_k m, W_fb_v m)
             g = 2 * torch.sigmoid(self.lrt_gate(a)).view(B, T, 2, self.n_kv_head, 1)
-            k = where_on(rec_on, g[:, :, 0] * k + g[:, :, 1] * mem_kv[0], k)
-            v = where_on(rec_on, g[:, :, 0] * v + g[:, :, 1] * mem_kv[1], v)
-        cos, sin = rope
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            kv = torch.stack([k, v], 2)  # k and v gated together, same gates
+            k, v = where_on(rec_on, g[:, :, :1] * kv + g[:, :, 1:] * mem_kv, kv).unbind(2)
+        # RoPE on q and k together (one set of ops for both)
+        q, k = apply_rope(torch.cat([q, k], 2), *rope).split([self.n_head, self.n_kv_head], 2)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, hd)
         if cache is not None:
             k, v = cache.write(layer, pos, k, v)  # now (B, Hkv, kv_len, hd)
@@ -260,9 +262,10 @@ class Block(nn.Module):
     def forward(self, x, rope, pos, mask, cache, layer, mem=None, mem_kv=None, rec_on=None):
         if mem is not None and self.lrt_alpha is not None:
             x = where_on(rec_on, self.lrt_alpha * x + self.lrt_gamma * mem, x)
-        x = x + self.drop(self.attn(self.ln_1(x), rope, pos, mask, cache, layer, mem_kv, rec_on))
-        x = x + self.drop(self.mlp(self.ln_2(x)))
-        return x
+        y = self.attn(self.ln_1(x), rope, pos, mask, cache, layer, mem_kv, rec_on)
+        x = x + (self.drop(y) if self.drop.p > 0 else y)  # no dropout call at p = 0
+        y = self.mlp(self.ln_2(x))
+        return x + (self.drop(y) if self.drop.p > 0 else y)
 
 # -----------------------------------------------------------------------------
 # T2MLR gated fusion (DESIGN.md section 3)
@@ -311,13 +314,13 @@ class GPT(nn.Module):
         if c.tie_embeddings:
             self.lm_head.weight = self.wte.weight
         self.fusion = T2MLRFusion(c) if self.rec == 't2mlr' else None
-        # LRT feedback projections W_fb_k, W_fb_v: one pair (shared) or one per reading layer
-        self.lrt_fb_k = self.lrt_fb_v = None
+        # LRT feedback projections W_fb_k, W_fb_v: one pair (shared) or one per reading layer,
+        # stacked in one matrix [W_fb_k; W_fb_v] (2 dkv, d): one matmul for both
+        self.lrt_fb = None
         if self.rec == 'lrt' and c.lrt_inject != 'residual':
             n = 1 if c.lrt_shared else c.n_layer - self.s
             dkv = c.n_kv_head * (c.n_embd // c.n_head)
-            self.lrt_fb_k = nn.ModuleList([nn.Linear(c.n_embd, dkv, bias=False) for _ in range(n)])
-            self.lrt_fb_v = nn.ModuleList([nn.Linear(c.n_embd, dkv, bias=False) for _ in range(n)])
+            self.lrt_fb = nn.ModuleList([nn.Linear(c.n_embd, 2 * dkv, bias=False) for _ in range(n)])
         cos, sin = rope_tables(c.n_embd // c.n_head, c.block_size, c.rope_theta)
         self.register_buffer('rope_cos', cos, persistent=False)
         self.register_buffer('rope_sin', sin, persistent=False)
@@ -337,8 +340,8 @@ class GPT(nn.Module):
             for f in (self.fusion.f_cur, self.fusion.f_rec):
                 nn.init.xavier_normal_(f.weight, gain=c.rec_gate_gain)
                 nn.init.zeros_(f.bias)
-        if self.lrt_fb_k is not None and c.lrt_identity_init:
-            for lin in list(self.lrt_fb_k) + list(self.lrt_fb_v):
+        if self.lrt_fb is not None and c.lrt_identity_init:
+            for lin in self.lrt_fb:
                 nn.init.zeros_(lin.weight)
 
     def get_num_params(self, non_embedding=True):
@@ -374,10 +377,10 @@ class GPT(nn.Module):
         if torch.is_tensor(pos):
             # the static step: pos a (T,) tensor, keys = the whole cache buffer, masked by
             # position (no shape depends on pos: torch.compile compiles this once)
-            rope = (self.rope_cos.index_select(0, pos), self.rope_sin.index_select(0, pos))
+            rope = (self.rope_cos.index_select(0, pos)[:, None], self.rope_sin.index_select(0, pos)[:, None])
             kpos, qpos = torch.arange(cache.max_len, device=x.device), pos
         else:
-            rope = (self.rope_cos[pos.start:pos.stop:pos.step], self.rope_sin[pos.start:pos.stop:pos.step])
+            rope = (self.rope_cos[pos.start:pos.stop:pos.step, None], self.rope_sin[pos.start:pos.stop:pos.step, None])
             if W > 0 or (cache is not None and len(pos) > 1 and not (pos.start == 0 and pos.step == 1)):
                 kpos = torch.arange(pos[-1] + 1, device=x.device)
                 qpos = torch.arange(pos.start, pos.stop, pos.step, device=x.device)
@@ -395,7 +398,7 @@ class GPT(nn.Module):
             mem = mem_kv = None
             if state_in is not None and self.rec == 'lrt' and i >= self.s:
                 mem = state_in  # LRT: every block >= s reads m_{t-1}
-                if self.lrt_fb_k is not None:
+                if self.lrt_fb is not None:
                     if self.config.lrt_shared:  # one projection, computed once for all layers
                         if shared_kv is None:
                             shared_kv = self._fb_kv(0, mem)
@@ -406,15 +409,16 @@ class GPT(nn.Module):
         return x
 
     def shared_kv(self, state_in):
-        """LRT-shared: (W_fb_k m, W_fb_v m), one projection for every layer; else None."""
-        if state_in is None or self.lrt_fb_k is None or not self.config.lrt_shared:
+        """LRT-shared: (W_fb_k m, W_fb_v m) stacked (B, T, 2, Hkv, hd), one projection for
+        every layer; else None."""
+        if state_in is None or self.lrt_fb is None or not self.config.lrt_shared:
             return None
         return self._fb_kv(0, state_in)
 
     def _fb_kv(self, j, mem):
+        # mem (B, T, d) -> (W_fb_k m, W_fb_v m) stacked: (B, T, 2, Hkv, hd), one matmul
         B, T, _ = mem.shape
-        shape = (B, T, self.config.n_kv_head, self.config.n_embd // self.config.n_head)
-        return self.lrt_fb_k[j](mem).view(shape), self.lrt_fb_v[j](mem).view(shape)
+        return self.lrt_fb[j](mem).view(B, T, 2, self.config.n_kv_head, self.config.n_embd // self.config.n_head)
 
     def next_state(self, h, state_in):
         """The state token t hands to token t+1, from h = h^(e)_t and the state it read."""
@@ -699,7 +703,7 @@ class GPT(nn.Module):
         if self.rec == 'lrt':
             n_read = c.n_layer - self.s
             f = 0
-            if self.lrt_fb_k is not None:
+            if self.lrt_fb is not None:
                 f += 2 * 2 * d * dkv * (1 if c.lrt_shared else n_read)  # W_fb_k, W_fb_v
                 f += 2 * d * 2 * c.n_kv_head * n_read                   # W_g
             return f
@@ -800,6 +804,15 @@ def save_checkpoint(ckpt, path):
     os.replace(tmp, path)
 
 
+def upgrade_state_dict(sd):
+    """Older checkpoints of this repo: LRT's W_fb_k and W_fb_v as two matrices
+    (lrt_fb_k.j, lrt_fb_v.j) -> one stacked [W_fb_k; W_fb_v] (lrt_fb.j)."""
+    for key in [k for k in sd if k.startswith('lrt_fb_k.')]:
+        j = key.split('.')[1]
+        sd[f'lrt_fb.{j}.weight'] = torch.cat([sd.pop(key), sd.pop(f'lrt_fb_v.{j}.weight')], 0)
+    return sd
+
+
 def load_checkpoint(path, device='cpu'):
     """Returns (model, ckpt). ckpt holds at least 'model' (state dict) and
     'model_args' (GPTConfig fields). Every failure is one CheckpointError line."""
@@ -820,7 +833,7 @@ def load_checkpoint(path, device='cpu'):
         model = GPT(GPTConfig(**ckpt['model_args']))
     except ValueError as e:
         raise CheckpointError(f"{path}: invalid model args: {e}") from None
-    sd = {k.removeprefix('_orig_mod.').removeprefix('module.'): v for k, v in ckpt['model'].items()}
+    sd = upgrade_state_dict({k.removeprefix('_orig_mod.').removeprefix('module.'): v for k, v in ckpt['model'].items()})
     try:
         model.load_state_dict(sd)
     except RuntimeError as e:

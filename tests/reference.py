@@ -149,8 +149,10 @@ def qkv(model, i, a, mem, positions, on=None):
         j = 0 if c.lrt_shared else i - c.rec_start
         g = 2 * torch.sigmoid(a @ att.lrt_gate.weight.T)
         gl, gf = g[:, :c.n_kv_head, None], g[:, c.n_kv_head:, None]  # first Hkv local, then feedback
-        kr = gl * k + gf * (mem @ model.lrt_fb_k[j].weight.T).view(n, c.n_kv_head, hd)
-        vr = gl * v + gf * (mem @ model.lrt_fb_v[j].weight.T).view(n, c.n_kv_head, hd)
+        W_fb = model.lrt_fb[j].weight  # rows: W_fb_k, then W_fb_v
+        W_fb_k, W_fb_v = W_fb[:c.n_kv_head * hd], W_fb[c.n_kv_head * hd:]
+        kr = gl * k + gf * (mem @ W_fb_k.T).view(n, c.n_kv_head, hd)
+        vr = gl * v + gf * (mem @ W_fb_v.T).view(n, c.n_kv_head, hd)
         k = kr if on is None else torch.where(on[:, None, None], kr, k)
         v = vr if on is None else torch.where(on[:, None, None], vr, v)
     return rope(q, c.rope_theta, positions), rope(k, c.rope_theta, positions), v

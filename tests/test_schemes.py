@@ -110,7 +110,7 @@ def test_jacobi_gradient_only_through_last_B(kw):
     m.zero_grad()
     m(idx, tgt, mode='jacobi', n_iter=D, n_grad=D)[1].backward()
     g_full = grads(m)
-    name = 'fusion.g_rec' if kw['recurrence'] == 't2mlr' else 'lrt_fb_v.0.weight'
+    name = 'fusion.g_rec' if kw['recurrence'] == 't2mlr' else 'lrt_fb.0.weight'
     assert (g_full[name] - g_model[name]).abs().max() > 1e-8
 
 
