@@ -440,9 +440,15 @@ def hf_peer_model():
     hf = LlamaForCausalLM(hc).to(device).eval()
     ours = models['none'].state_dict()
     theirs = {}
+    shapes = {k: p.shape for k, p in hf.state_dict().items()}
     for k_ours, k_hf in HF_LLAMA_NAMES.items():
         for i in (range(c.n_layer) if '{i}' in k_ours else [None]):
-            theirs[k_hf.format(i=i)] = ours[k_ours.format(i=i)]
+            keys = [k.format(i=i) for k in ((k_hf,) if isinstance(k_hf, str) else k_hf)]
+            if keys[0] not in shapes:
+                continue  # lm_head, tied
+            # our fused projections are theirs stacked by rows: split them back
+            for k, w in zip(keys, ours[k_ours.format(i=i)].split([shapes[k][0] for k in keys], 0)):
+                theirs[k] = w
     missing, unexpected = hf.load_state_dict(theirs, strict=False)
     assert not unexpected and all('lm_head' in k for k in missing), (missing, unexpected)
     return hf

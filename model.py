@@ -202,9 +202,8 @@ class Attention(nn.Module):
         self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
         self.hd = config.n_embd // config.n_head
         d, dkv = config.n_embd, self.n_kv_head * self.hd
-        self.wq = nn.Linear(d, d, bias=False)
-        self.wk = nn.Linear(d, dkv, bias=False)
-        self.wv = nn.Linear(d, dkv, bias=False)
+        # W_q, W_k, W_v stacked in one matrix (d + 2 dkv, d): one matmul for all three
+        self.wqkv = nn.Linear(d, d + 2 * dkv, bias=False)
         self.wo = nn.Linear(d, d, bias=False)
         self.dropout = config.dropout
         # LRT gated KV projection: (g_loc, g_fb) = 2 sigmoid(W_g a), one pair per KV head
@@ -213,18 +212,19 @@ class Attention(nn.Module):
     def forward(self, a, rope, pos, mask, cache, layer, mem_kv=None, rec_on=None):
         # a: (B, T, d) normed block input at positions pos (a python range)
         B, T, _ = a.shape
-        q = self.wq(a).view(B, T, self.n_head, self.hd)
-        k = self.wk(a).view(B, T, self.n_kv_head, self.hd)
-        v = self.wv(a).view(B, T, self.n_kv_head, self.hd)
+        H, Hkv = self.n_head, self.n_kv_head
+        qkv = self.wqkv(a).view(B, T, H + 2 * Hkv, self.hd)  # heads: H of q, Hkv of k, Hkv of v
         if mem_kv is not None:
             # LRT (DESIGN.md 4): k_t = g_loc * W_k a + g_fb * W_fb_k m_{t-1}, same for v.
             # A gated addition to the token's OWN key/value: the cache keeps its shape.
             # g: (B, T, 2, Hkv, 1) = (g_loc, g_fb); mem_kv: (B, T, 2, Hkv, hd) = (W_fb_k m, W_fb_v m)
-            g = 2 * torch.sigmoid(self.lrt_gate(a)).view(B, T, 2, self.n_kv_head, 1)
-            kv = torch.stack([k, v], 2)  # k and v gated together, same gates
-            k, v = where_on(rec_on, g[:, :, :1] * kv + g[:, :, 1:] * mem_kv, kv).unbind(2)
-        # RoPE on q and k together (one set of ops for both)
-        q, k = apply_rope(torch.cat([q, k], 2), *rope).split([self.n_head, self.n_kv_head], 2)
+            g = 2 * torch.sigmoid(self.lrt_gate(a)).view(B, T, 2, Hkv, 1)
+            kv = qkv[:, :, H:].unflatten(2, (2, Hkv))  # k and v gated together, same gates
+            kv = where_on(rec_on, g[:, :, :1] * kv + g[:, :, 1:] * mem_kv, kv)
+            qkv = torch.cat([qkv[:, :, :H], kv.flatten(2, 3)], 2)
+        # RoPE on q and k together: the first H + Hkv heads
+        q, k = apply_rope(qkv[:, :, :H + Hkv], *rope).split([H, Hkv], 2)
+        v = qkv[:, :, H + Hkv:]
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, hd)
         if cache is not None:
             k, v = cache.write(layer, pos, k, v)  # now (B, Hkv, kv_len, hd)
@@ -237,12 +237,13 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.w_gate = nn.Linear(config.n_embd, config.mlp_hidden, bias=False)
-        self.w_up = nn.Linear(config.n_embd, config.mlp_hidden, bias=False)
+        # W_gate and W_up stacked in one matrix (2 mlp_hidden, d): one matmul for both
+        self.w_gu = nn.Linear(config.n_embd, 2 * config.mlp_hidden, bias=False)
         self.w_down = nn.Linear(config.mlp_hidden, config.n_embd, bias=False)
 
     def forward(self, x):
-        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+        gate, up = self.w_gu(x).chunk(2, dim=-1)
+        return self.w_down(F.silu(gate) * up)
 
 
 class Block(nn.Module):
@@ -805,11 +806,18 @@ def save_checkpoint(ckpt, path):
 
 
 def upgrade_state_dict(sd):
-    """Older checkpoints of this repo: LRT's W_fb_k and W_fb_v as two matrices
-    (lrt_fb_k.j, lrt_fb_v.j) -> one stacked [W_fb_k; W_fb_v] (lrt_fb.j)."""
-    for key in [k for k in sd if k.startswith('lrt_fb_k.')]:
-        j = key.split('.')[1]
-        sd[f'lrt_fb.{j}.weight'] = torch.cat([sd.pop(key), sd.pop(f'lrt_fb_v.{j}.weight')], 0)
+    """Older checkpoints of this repo stored the fused projections as separate matrices:
+    wq, wk, wv -> wqkv; w_gate, w_up -> w_gu; lrt_fb_k.j, lrt_fb_v.j -> lrt_fb.j (stacked by rows)."""
+    fused = {'.attn.wq.weight': ('.attn.wqkv.weight', ('.attn.wq.weight', '.attn.wk.weight', '.attn.wv.weight')),
+             '.mlp.w_gate.weight': ('.mlp.w_gu.weight', ('.mlp.w_gate.weight', '.mlp.w_up.weight'))}
+    for key in list(sd):
+        for first, (new, parts) in fused.items():
+            if key.endswith(first):
+                pre = key[:-len(first)]
+                sd[pre + new] = torch.cat([sd.pop(pre + p) for p in parts], 0)
+        if key.startswith('lrt_fb_k.'):
+            j = key.split('.')[1]
+            sd[f'lrt_fb.{j}.weight'] = torch.cat([sd.pop(key), sd.pop(f'lrt_fb_v.{j}.weight')], 0)
     return sd
 
 
@@ -844,18 +852,17 @@ def load_checkpoint(path, device='cpu'):
 # -----------------------------------------------------------------------------
 # retrofit: a pretrained Hugging Face Llama checkpoint (SmolLM2, ...) as a GPT
 
-# our parameter name -> LlamaForCausalLM's ({i}: layer index). Both use the
-# rotate_half RoPE convention on q/k as stored, so no weight is permuted.
+# our parameter name -> LlamaForCausalLM's ({i}: layer index); a tuple: our matrix is
+# theirs stacked by rows (fused projections). Both use the rotate_half RoPE convention
+# on q/k as stored, so no weight is permuted.
 HF_LLAMA_NAMES = {
     'wte.weight': 'model.embed_tokens.weight',
     'h.{i}.ln_1.weight': 'model.layers.{i}.input_layernorm.weight',
-    'h.{i}.attn.wq.weight': 'model.layers.{i}.self_attn.q_proj.weight',
-    'h.{i}.attn.wk.weight': 'model.layers.{i}.self_attn.k_proj.weight',
-    'h.{i}.attn.wv.weight': 'model.layers.{i}.self_attn.v_proj.weight',
+    'h.{i}.attn.wqkv.weight': ('model.layers.{i}.self_attn.q_proj.weight', 'model.layers.{i}.self_attn.k_proj.weight',
+                               'model.layers.{i}.self_attn.v_proj.weight'),
     'h.{i}.attn.wo.weight': 'model.layers.{i}.self_attn.o_proj.weight',
     'h.{i}.ln_2.weight': 'model.layers.{i}.post_attention_layernorm.weight',
-    'h.{i}.mlp.w_gate.weight': 'model.layers.{i}.mlp.gate_proj.weight',
-    'h.{i}.mlp.w_up.weight': 'model.layers.{i}.mlp.up_proj.weight',
+    'h.{i}.mlp.w_gu.weight': ('model.layers.{i}.mlp.gate_proj.weight', 'model.layers.{i}.mlp.up_proj.weight'),
     'h.{i}.mlp.w_down.weight': 'model.layers.{i}.mlp.down_proj.weight',
     'ln_f.weight': 'model.norm.weight',
     'lm_head.weight': 'lm_head.weight',
@@ -944,10 +951,13 @@ def load_hf_llama(name_or_path, dtype=torch.float32, **overrides):
             theirs.pop(key, None)  # the same tensor as the embedding
             continue
         for i in (range(config.n_layer) if '{i}' in ours else [None]):
-            k = key.format(i=i)
-            if k not in theirs:
-                raise CheckpointError(f"{name}: the checkpoint has no weight {k}")
-            sd[ours.format(i=i)] = theirs.pop(k)
+            parts = []
+            for k in ((key,) if isinstance(key, str) else key):
+                k = k.format(i=i)
+                if k not in theirs:
+                    raise CheckpointError(f"{name}: the checkpoint has no weight {k}")
+                parts.append(theirs.pop(k))
+            sd[ours.format(i=i)] = torch.cat(parts, 0)  # fused projections: stacked by rows
     if theirs:
         raise CheckpointError(f"{name}: weights this GPT has no place for: {sorted(theirs)[:5]}")
     del hf
