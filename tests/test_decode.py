@@ -88,3 +88,36 @@ def test_compile_failure_is_one_line(monkeypatch):
         m.generate(torch.zeros(1, 4, dtype=torch.long), 3, temperature=0, compile=True)
     msg = str(e.value)
     assert '\n' not in msg and '--compile=False' in msg and 'InvalidCxxCompiler' in msg
+
+
+@pytest.mark.parametrize('kw', [DECODE_STYLES[0], DECODE_STYLES[2]], ids=['t2mlr', 'lrt-layerwise'])
+def test_old_checkpoint_with_separate_projections_loads(tmp_path, kw):
+    """Checkpoints written before the projections were fused (wq/wk/wv, w_gate/w_up,
+    lrt_fb_k/lrt_fb_v as separate matrices) load into the fused model unchanged."""
+    from dataclasses import asdict
+    from model import load_checkpoint, save_checkpoint
+    m = make(**kw)
+    c = m.config
+    d, dkv, hid = c.n_embd, c.n_kv_head * (c.n_embd // c.n_head), c.mlp_hidden
+    old = {}
+    for k, w in m.state_dict().items():  # the old layout, written by hand
+        if k.endswith('attn.wqkv.weight'):
+            pre = k[:-len('wqkv.weight')]
+            old[pre + 'wq.weight'], old[pre + 'wk.weight'], old[pre + 'wv.weight'] = w.split([d, dkv, dkv])
+        elif k.endswith('mlp.w_gu.weight'):
+            pre = k[:-len('w_gu.weight')]
+            old[pre + 'w_gate.weight'], old[pre + 'w_up.weight'] = w.split([hid, hid])
+        elif k.startswith('lrt_fb.'):
+            j = k.split('.')[1]
+            old[f'lrt_fb_k.{j}.weight'], old[f'lrt_fb_v.{j}.weight'] = w.split([dkv, dkv])
+        else:
+            old[k] = w
+    path = str(tmp_path / 'old.pt')
+    save_checkpoint({'model': old, 'model_args': asdict(c)}, path)
+    torch.set_default_dtype(torch.float64)
+    try:
+        m2, _ = load_checkpoint(path)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    idx = tokens()
+    torch.testing.assert_close(m2.double()(idx)[0], m(idx)[0], **TOL)
