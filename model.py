@@ -225,6 +225,8 @@ class Attention(nn.Module):
         # RoPE on q and k together: the first H + Hkv heads
         q, k = apply_rope(qkv[:, :, :H + Hkv], *rope).split([H, Hkv], 2)
         v = qkv[:, :, H + Hkv:]
+        if torch.is_grad_enabled():
+            v = v.contiguous()  # else backward keeps the whole qkv storage alive through this view
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, hd)
         if cache is not None:
             k, v = cache.write(layer, pos, k, v)  # now (B, Hkv, kv_len, hd)
