@@ -20,7 +20,7 @@ except ImportError:
 
 def bench(*args, cwd=ROOT):
     return subprocess.run([sys.executable, os.path.join(ROOT, 'bench.py'), *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=600)
 
 
 def finite_pos(x):
