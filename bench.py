@@ -3,8 +3,11 @@ What the latent recurrence costs, against the plain GPT, in one run:
 
   1. training step  forward(mode) + backward + AdamW, for plain, T2MLR+Jacobi(D, B),
                     LRT+interleaved(S) and the two cross pairings
-  2. decode         per-token latency of decode_step with the KV cache
-  3. prefill        a prompt through the plain, exact and k-iteration Jacobi prefill
+  2. decode         per-token latency of decode_step with the KV cache, eager and (with
+                    --compile=True) torch.compile'd; HF LlamaForCausalLM.generate at the
+                    same shape and weights as a peer row when transformers is installed
+  3. prefill        a prompt through the plain, exact and k-iteration Jacobi prefill (and
+                    the exact prefill with compiled span steps)
 
 Every model is built from the SAME GPTConfig shape, only `recurrence` (and its
 placement) changes, so every ratio is "same backbone, recurrence on / off". Next to
@@ -12,7 +15,8 @@ each measured ratio stands the ratio model.flops_per_token predicts: where the t
 differ, the gap is not arithmetic (Python dispatch, sequential execution, memory).
 
     python bench.py                                # CPU, small model, < 3 min on 2 cores
-    python bench.py --device=cuda --compile=True   # GPU, bf16 autocast
+    python bench.py --compile=True --threads=1 --decode_batches=1   # + compiled decode/prefill
+    python bench.py --device=cuda --compile=True --compile_train=True   # GPU, bf16 autocast
     python bench.py config/my_bench.py --D=16 --out=bench.json --plot=bench.png
     python bench.py --quick=True                   # tiny model, few reps (tests)
 
@@ -35,7 +39,11 @@ from configurator import parse_bool
 # config: every global below can be set by a config file or --key=value
 device = 'cpu'          # 'cpu' | 'cuda' | 'cuda:1' ...
 dtype = 'auto'          # 'auto' = bfloat16 autocast on cuda, float32 on cpu | 'float32' | 'bfloat16'
-compile = False         # torch.compile the training forward (slow to warm up; meant for cuda)
+compile = False         # also time the torch.compile'd decode step and exact prefill, next to eager
+compile_mode = 'default'  # torch.compile mode of those: 'default' | 'reduce-overhead' (CUDA graphs) | 'max-autotune'
+compile_backend = 'inductor'  # 'eager': dynamo tracing only, no code generation (the tests: seconds, not minutes)
+compile_train = False   # torch.compile the training forward (slow to warm up; meant for cuda)
+hf_peer = True          # time HF LlamaForCausalLM.generate at the same shape and weights (needs transformers)
 threads = 0             # torch CPU threads; 0 = torch's default
 seed = 1337
 quick = False           # tiny model and few reps, for the tests (keys set explicitly still win)
@@ -166,12 +174,16 @@ if prefill_iters == -1:
     prefill_iters = D
 if prefill_iters < 1:
     die(f"prefill_iters={prefill_iters} must be >= 1 (or -1 for D)")
+if compile_mode not in ('default', 'reduce-overhead', 'max-autotune'):
+    die(f"compile_mode={compile_mode!r}: expected 'default', 'reduce-overhead' or 'max-autotune'")
+if compile_backend not in ('inductor', 'eager', 'aot_eager'):
+    die(f"compile_backend={compile_backend!r}: expected 'inductor', 'eager' or 'aot_eager'")
 
 # torch is imported only now, so that a mistyped argument fails in milliseconds
 # instead of after the seconds torch takes to import
 import torch
 
-from model import GPT, GPTConfig, KVCache
+from model import GPT, GPTConfig, KVCache, CompileError, HF_LLAMA_NAMES
 
 if device_type == 'cuda' and not torch.cuda.is_available():
     die(f"device={device!r} but torch.cuda.is_available() is False")
@@ -261,6 +273,10 @@ results = dict(config=config, env=dict(
     threads=torch.get_num_threads(), cpu=platform.processor() or platform.machine(),
     gpu=torch.cuda.get_device_name(device) if device_type == 'cuda' else None,
     load_avg=list(os.getloadavg()) if hasattr(os, 'getloadavg') else None))
+if compile:
+    # one compilation per (model, batch, cache length): more than dynamo's default limit of 8
+    torch._dynamo.config.recompile_limit = 64
+    torch._dynamo.config.cache_size_limit = 64
 print(f"bench: device={device} dtype={dtype} compile={compile} threads={torch.get_num_threads()} "
       f"torch={torch.__version__}")
 print(f"model: n_layer={n_layer} n_embd={n_embd} n_head={n_head} n_kv_head={n_kv_head} vocab={vocab_size}; "
@@ -289,7 +305,7 @@ for name, rec, mode in TRAIN:
         grp['lr'] = learning_rate * grp['lr_mult']
     opt = torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, 0.95),
                             **(dict(fused=True) if device_type == 'cuda' else {}))
-    fwd = torch.compile(m) if compile else m
+    fwd = torch.compile(m) if compile_train else m
     variants.append(dict(name=name, rec=rec, mode=mode, model=m, opt=opt, fwd=fwd, times=[], mem=[]))
 # parameters and buffers (the RoPE tables) are not activations: leave them out of the count
 param_ptrs = {t.untyped_storage().data_ptr() for v in variants
@@ -369,8 +385,25 @@ results['models'] = {NAMES[r]: dict(recurrence=r, rec_start=placement[r][0] if r
                      for r, m in models.items()}
 
 
-def decode_run(m, bsz, n_gen, toks, prompt):
-    """Prefill the prompt (untimed), then time n_gen decode_step calls; seconds per token."""
+CMODE = dict(backend=compile_backend, **({} if compile_mode == 'default' else dict(mode=compile_mode)))
+
+
+def compiled_step(m, name):
+    """m's torch.compile'd static step; a torch without a compiler backend ends bench.py
+    with one line at its first call (see run_compiled)."""
+    return m.compiled(name, CMODE)
+
+
+def run_compiled(fn):
+    try:
+        return fn()
+    except CompileError as e:
+        die(str(e))
+
+
+def decode_run(m, step, n_gen, toks, prompt):
+    """Prefill the prompt (untimed), then time n_gen calls of step (decode_step, eager or
+    compiled); seconds per token. toks: n_gen (B, 1) input tokens, one tensor each."""
     cache = KVCache(n_layer, prompt_len + n_gen)
     with ctx:
         _, state = m.prefill(prompt, cache, 'exact')
@@ -379,7 +412,9 @@ def decode_run(m, bsz, n_gen, toks, prompt):
         for i in range(n_gen):
             # fixed random input tokens: the cost does not depend on the values, and no
             # sampling op muddies the per-token time
-            _, state = m.decode_step(toks[:, i:i + 1], prompt_len + i, state, cache)
+            _, state = step(toks[i], POS[prompt_len + i], state, cache)
+            if compile_mode == 'reduce-overhead':
+                state = None if state is None else state.clone()  # a CUDA graph output is reused
         sync()
     return (time.perf_counter() - t0) / n_gen
 
@@ -390,44 +425,136 @@ def decode_ops(m, bsz):
     prompt = torch.randint(0, vocab_size, (bsz, prompt_len + 1), device=device)
     with ctx:
         _, state = m.prefill(prompt[:, :-1], cache, 'exact')
-        return count_ops(lambda: m.decode_step(prompt[:, -1:], prompt_len, state, cache))
+        return count_ops(lambda: m.decode_step(prompt[:, -1:], POS[prompt_len], state, cache))
 
 
-print(f"\n2. decode: prompt {prompt_len}, decode_step only, median of {decode_reps} runs")
-rows = []
+def hf_peer_model():
+    """transformers' LlamaForCausalLM with the plain model's shape and weights (None
+    without transformers): the reference implementation a user would otherwise run."""
+    try:
+        from transformers import LlamaConfig, LlamaForCausalLM
+    except ImportError:
+        return None
+    c = models['none'].config
+    hc = LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.n_embd, intermediate_size=c.mlp_hidden,
+                     num_hidden_layers=c.n_layer, num_attention_heads=c.n_head, num_key_value_heads=c.n_kv_head,
+                     max_position_embeddings=c.block_size, rope_theta=c.rope_theta, rms_norm_eps=c.norm_eps,
+                     tie_word_embeddings=c.tie_embeddings, attention_bias=False, mlp_bias=False,
+                     bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    hf = LlamaForCausalLM(hc).to(device).eval()
+    ours = models['none'].state_dict()
+    theirs = {}
+    shapes = {k: p.shape for k, p in hf.state_dict().items()}
+    for k_ours, k_hf in HF_LLAMA_NAMES.items():
+        for i in (range(c.n_layer) if '{i}' in k_ours else [None]):
+            keys = [k.format(i=i) for k in ((k_hf,) if isinstance(k_hf, str) else k_hf)]
+            if keys[0] not in shapes:
+                continue  # lm_head, tied
+            # our fused projections are theirs stacked by rows: split them back
+            for k, w in zip(keys, ours[k_ours.format(i=i)].split([shapes[k][0] for k in keys], 0)):
+                theirs[k] = w
+    missing, unexpected = hf.load_state_dict(theirs, strict=False)
+    assert not unexpected and all('lm_head' in k for k in missing), (missing, unexpected)
+    return hf
+
+
+def hf_run(hf, n_gen, prompt):
+    """HF generate (greedy, use_cache), n_gen new tokens; seconds per decoded token,
+    timed between the first and the last call of a logits processor, which HF runs once
+    per new token (so the prompt's prefill is left out, as in decode_run). Also the tokens."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    class Clock(LogitsProcessor):
+        def __init__(self):
+            self.t = []
+        def __call__(self, input_ids, scores):
+            sync()
+            self.t.append(time.perf_counter())
+            return scores
+    clock = Clock()
+    with ctx:
+        out = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=n_gen, min_new_tokens=n_gen,
+                          do_sample=False, use_cache=True, logits_processor=LogitsProcessorList([clock]),
+                          pad_token_id=0)
+    return (clock.t[-1] - clock.t[0]) / (n_gen - 1), out
+
+
+POS = [torch.tensor([t], device=device) for t in range(block_size)]  # the position tensors decode_step reads
+print(f"\n2. decode: prompt {prompt_len}, decode_step only, median of {decode_reps} runs"
+      + (f"; eager and compiled (mode {compile_mode}), all round-robin" if compile else ""))
+hf = hf_peer_model() if hf_peer else None
+rows, crows, hrows = [], [], []
 for bsz in decode_batches:
     for n_gen in gen_lens:
         g = torch.Generator().manual_seed(seed)
         prompt = torch.randint(0, vocab_size, (bsz, prompt_len), generator=g).to(device)
         toks = torch.randint(0, vocab_size, (bsz, n_gen), generator=g).to(device)
-        times = {r: [] for r in models}
-        for r, m in models.items():  # warm-up: short run per model
-            decode_run(m, bsz, min(n_gen, 8), toks, prompt)
+        toks = [toks[:, i:i + 1].contiguous() for i in range(n_gen)]
+        steps = {(r, 'eager'): m.decode_step for r, m in models.items()}
+        if compile:
+            steps.update({(r, 'compiled'): compiled_step(m, 'decode_step') for r, m in models.items()})
+        runs = {k: (lambda k=k: decode_run(models[k[0]], steps[k], n_gen, toks, prompt)) for k in steps}
+        if hf is not None and n_gen > 1:
+            runs[('hf', 'eager')] = lambda: hf_run(hf, n_gen, prompt)[0]
+        times = {k: [] for k in runs}
+        for k, run in runs.items():  # warm-up (and compilation): one full run each
+            run_compiled(run)
         for rep in range(decode_reps):
-            for r, m in models.items():
-                times[r].append(decode_run(m, bsz, n_gen, toks, prompt))
+            for k, run in runs.items():
+                times[k].append(run())
         ctx_len = prompt_len + n_gen / 2  # mean context a decoded token attends over
         base_fl = models['none'].flops_per_token(ctx_len, 'plain', train=False)
         ops = {r: decode_ops(m, bsz) for r, m in models.items()}
         for r, m in models.items():
-            t = med(times[r])
+            t = med(times[(r, 'eager')])
             rows.append(dict(model=NAMES[r], batch=bsz, gen_len=n_gen, ms_per_token=1e3 * t,
                              tokens_per_s=bsz / t,
                              flop_ratio=m.flops_per_token(ctx_len, 'exact', train=False) / base_fl,
                              ops_per_token=ops[r], ops_ratio=ops[r] / ops['none'],
                              us_per_op=1e6 * t / ops[r]))
+            if compile:
+                tc = med(times[(r, 'compiled')])
+                crows.append(dict(model=NAMES[r], batch=bsz, gen_len=n_gen, mode=compile_mode, ms_per_token=1e3 * tc,
+                                  tokens_per_s=bsz / tc, flop_ratio=rows[-1]['flop_ratio'],
+                                  speedup_over_eager=t / tc))
         base = rows[-len(models)]['ms_per_token']
         for row in rows[-len(models):]:
             row['ratio'] = row['ms_per_token'] / base
             row['ratio_over_flops'] = row['ratio'] / row['flop_ratio']
+        if compile:
+            cbase = crows[-len(models)]['ms_per_token']
+            for row in crows[-len(models):]:
+                row['ratio'] = row['ms_per_token'] / cbase  # against COMPILED plain
+                row['ratio_over_flops'] = row['ratio'] / row['flop_ratio']
+        if ('hf', 'eager') in times:
+            th = med(times[('hf', 'eager')])
+            _, hf_out = hf_run(hf, n_gen, prompt)
+            with ctx:
+                ours = models['none'].generate(prompt, n_gen, temperature=0)
+            hrows.append(dict(model='hf_llama_generate', batch=bsz, gen_len=n_gen, ms_per_token=1e3 * th,
+                              tokens_per_s=bsz / th, ratio_to_plain_eager=th * 1e3 / base,
+                              ratio_to_plain_compiled=th * 1e3 / cbase if compile else None,
+                              same_greedy_tokens=bool(torch.equal(hf_out, ours))))
 results['decode'] = rows
+results['decode_compiled'] = crows
+results['decode_hf'] = hrows
 print(f"{'model':<7} {'batch':>5} {'gen':>5} {'ms/tok':>8} {'tok/s':>9} {'ratio':>6} {'FLOPs':>6} "
-      f"{'ops/tok':>8} {'ops x':>6} {'us/op':>6}")
-for r in rows:
-    print(f"{r['model']:<7} {r['batch']:5d} {r['gen_len']:5d} {r['ms_per_token']:8.3f} {r['tokens_per_s']:9.1f} "
-          f"{r['ratio']:6.3f} {r['flop_ratio']:6.3f} {r['ops_per_token']:8d} {r['ops_ratio']:6.3f} {r['us_per_op']:6.1f}")
+      f"{'ops/tok':>8} {'ops x':>6} {'us/op':>6}" + (f" {'compiled':>9} {'ratio':>6} {'speedup':>7}" if compile else ''))
+for i, r in enumerate(rows):
+    line = (f"{r['model']:<7} {r['batch']:5d} {r['gen_len']:5d} {r['ms_per_token']:8.3f} {r['tokens_per_s']:9.1f} "
+            f"{r['ratio']:6.3f} {r['flop_ratio']:6.3f} {r['ops_per_token']:8d} {r['ops_ratio']:6.3f} {r['us_per_op']:6.1f}")
+    if compile:
+        c = crows[i]
+        line += f" {c['ms_per_token']:9.3f} {c['ratio']:6.3f} {c['speedup_over_eager']:6.2f}x"
+    print(line)
+for h in hrows:
+    print(f"{'HF gen':<7} {h['batch']:5d} {h['gen_len']:5d} {h['ms_per_token']:8.3f} {h['tokens_per_s']:9.1f} "
+          f"{h['ratio_to_plain_eager']:6.3f}   (x plain eager" + (f"; {h['ratio_to_plain_compiled']:.2f}x plain compiled"
+          if compile else '') + f"; same greedy tokens: {h['same_greedy_tokens']})")
 print("  FLOPs = flops_per_token(exact, forward) / plain's at the mean context; ops = ATen ops per "
-      "decode_step (when ops dominate, the ratio follows ops x, not FLOPs)")
+      "decode_step (when ops dominate, the ratio follows ops x, not FLOPs)"
+      + ("; compiled: ms/token of the torch.compile'd decode_step and its ratio to COMPILED plain" if compile else '')
+      + ("; HF gen: LlamaForCausalLM.generate, greedy, use_cache, same weights as plain, per decoded token" if hrows else ''))
 
 # -----------------------------------------------------------------------------
 # 3. prefill: a prompt of prefill_len tokens into an empty cache
@@ -437,6 +564,9 @@ print(f"\n3. prefill: batch {prefill_batch} x {prefill_len} tokens, Jacobi k={pr
 g = torch.Generator().manual_seed(seed)
 prompt = torch.randint(0, vocab_size, (prefill_batch, prefill_len), generator=g).to(device)
 CASES = [('none', 'plain')] + [(r, mode) for r in ('t2mlr', 'lrt') for mode in ('plain', 'exact', 'jacobi')]
+if compile:  # the exact prefill's span steps compiled; and the plain prefill compiled whole, its peer
+    CASES += [('none', 'plain-compiled'), ('t2mlr', 'exact-compiled'), ('lrt', 'exact-compiled')]
+    plain_prefill_compiled = torch.compile(models['none'].prefill, dynamic=False, **CMODE)
 times = {c: [] for c in CASES}
 
 
@@ -445,33 +575,40 @@ def prefill_run(r, mode):
     with ctx:
         sync()
         t0 = time.perf_counter()
-        models[r].prefill(prompt, cache, mode, n_iter=prefill_iters)
+        if mode == 'plain-compiled':
+            plain_prefill_compiled(prompt, cache, 'plain')
+        elif mode == 'exact-compiled':
+            models[r].prefill(prompt, cache, 'exact', compile=CMODE)
+        else:
+            models[r].prefill(prompt, cache, mode, n_iter=prefill_iters)
         sync()
     return time.perf_counter() - t0
 
 
-for rep in range(1 + prefill_reps):  # first round = warm-up
+for rep in range(1 + prefill_reps):  # first round = warm-up (and compilation)
     for c in CASES:
-        dt = prefill_run(*c)
+        dt = run_compiled(lambda: prefill_run(*c)) if rep == 0 else prefill_run(*c)
         if rep:
             times[c].append(dt)
 base_fl = models['none'].flops_per_token(prefill_len, 'plain', train=False)
 rows = []
 for r, mode in CASES:
     m, t = models[r], med(times[(r, mode)])
-    fl = m.flops_per_token(prefill_len, 'jacobi' if mode == 'jacobi' else mode, n_iter=prefill_iters,
-                           n_grad=0, train=False)
+    fl = m.flops_per_token(prefill_len, mode.removesuffix('-compiled'), n_iter=prefill_iters, n_grad=0, train=False)
     rows.append(dict(model=NAMES[r], mode=mode, n_iter=prefill_iters if mode == 'jacobi' else None,
                      prompt_len=prefill_len, batch=prefill_batch, ms=1e3 * t,
                      tokens_per_s=prefill_batch * prefill_len / t, flop_ratio=fl / base_fl))
 for row in rows:
     row['ratio'] = row['ms'] / rows[0]['ms']
     row['ratio_over_flops'] = row['ratio'] / row['flop_ratio']
+    if compile and row['mode'].endswith('-compiled'):  # against the compiled plain prefill
+        row['ratio_to_plain_compiled'] = row['ms'] / next(r['ms'] for r in rows if r['mode'] == 'plain-compiled')
 results['prefill'] = rows
-print(f"{'model':<7} {'mode':<8} {'ms':>9} {'tok/s':>9} {'ratio':>7} {'FLOPs':>6}")
+print(f"{'model':<7} {'mode':<14} {'ms':>9} {'tok/s':>9} {'ratio':>7} {'FLOPs':>6}" + (f" {'x compiled plain':>16}" if compile else ''))
 for r in rows:
-    print(f"{r['model']:<7} {r['mode']:<8} {r['ms']:9.2f} {r['tokens_per_s']:9.0f} {r['ratio']:7.2f} {r['flop_ratio']:6.2f}")
-print("  exact runs the recurrent layers token by token: its cost is latency, not FLOPs")
+    cx = f" {r['ratio_to_plain_compiled']:16.2f}" if 'ratio_to_plain_compiled' in r else ''
+    print(f"{r['model']:<7} {r['mode']:<14} {r['ms']:9.2f} {r['tokens_per_s']:9.0f} {r['ratio']:7.2f} {r['flop_ratio']:6.2f}{cx}")
+print("  ratio = x eager plain prefill; exact runs the recurrent layers token by token: its cost is latency, not FLOPs")
 
 # -----------------------------------------------------------------------------
 # optional: where the time goes (torch.profiler, one step of each variant)

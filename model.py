@@ -123,38 +123,52 @@ def smollm2_135m_config(**overrides):
 
 class KVCache:
     """Per-layer keys/values (after RoPE), shape (B, n_kv_head, max_len, head_dim),
-    indexed by original token position. Written at the positions a call runs,
-    read as a prefix [0, kv_len). Allocated lazily, in the dtype of the keys."""
+    indexed by original token position. Allocated lazily, in the dtype of the keys.
+    Two ways to write, one buffer:
+      pos a python range  (prefill, training): written at pos, read as the prefix [0, pos[-1]];
+      pos a long tensor   (the static step: decode, exact span): written in place with
+                          index_copy_, read as the WHOLE buffer, so shapes never change and
+                          torch.compile compiles the step once (run_blocks masks the rest)."""
 
     def __init__(self, n_layer, max_len):
         self.max_len = max_len
         self.k = [None] * n_layer
         self.v = [None] * n_layer
 
+    def _full(self, i, k, v):
+        # the buffers at full length: allocate, or pad a graph-kept prefix (interleaved training)
+        if self.k[i] is None:
+            shape = (k.size(0), k.size(1), self.max_len, k.size(3))
+            self.k[i], self.v[i] = k.new_zeros(shape), v.new_zeros(shape)
+        elif self.k[i].size(2) < self.max_len:
+            pad = self.max_len - self.k[i].size(2)
+            self.k[i] = F.pad(self.k[i], (0, 0, 0, pad))
+            self.v[i] = F.pad(self.v[i], (0, 0, 0, pad))
+
     def write(self, i, pos, k, v):
-        # pos: a python range of positions, k/v: (B, Hkv, len(pos), hd)
+        # pos: python range or (T,) long tensor of positions, k/v: (B, Hkv, T, hd)
+        if torch.is_tensor(pos):
+            self._full(i, k, v)
+            if torch.is_grad_enabled():  # exact forward under autograd: out-of-place
+                self.k[i], self.v[i] = self.k[i].index_copy(2, pos, k), self.v[i].index_copy(2, pos, v)
+            else:                        # inference: in place, O(1) memory traffic per token
+                self.k[i].index_copy_(2, pos, k)
+                self.v[i].index_copy_(2, pos, v)
+            return self.k[i], self.v[i]
         kv_len = pos[-1] + 1
         if kv_len > self.max_len:
             raise ValueError(f"KV cache holds {self.max_len} positions, position {pos[-1]} asked for")
-        if self.k[i] is None:
-            if pos.start == 0 and pos.step == 1 and torch.is_grad_enabled():
-                self.k[i], self.v[i] = k, v   # init pass of interleaved training: keep the graph
-                return k, v
-            shape = (k.size(0), k.size(1), self.max_len, k.size(3))
-            self.k[i] = k.new_zeros(shape)
-            self.v[i] = v.new_zeros(shape)
+        if self.k[i] is None and pos.start == 0 and pos.step == 1 and torch.is_grad_enabled():
+            self.k[i], self.v[i] = k, v   # init pass of interleaved training: keep the graph
+            return k, v
+        self._full(i, k, v)
         if torch.is_grad_enabled():
             # training (interleaved): out-of-place, so autograd keeps every version
             # and gradients flow through the buffer into earlier passes
             sl = dict(dim=2, start=pos.start, end=pos.stop, step=pos.step)
-            if self.k[i].size(2) < self.max_len:  # grew from a graph-kept prefix
-                pad = self.max_len - self.k[i].size(2)
-                self.k[i] = F.pad(self.k[i], (0, 0, 0, pad))
-                self.v[i] = F.pad(self.v[i], (0, 0, 0, pad))
             self.k[i] = self.k[i].slice_scatter(k, **sl)
             self.v[i] = self.v[i].slice_scatter(v, **sl)
         else:
-            # inference: in place, O(1) memory traffic per token
             self.k[i][:, :, pos.start:pos.stop:pos.step] = k
             self.v[i][:, :, pos.start:pos.stop:pos.step] = v
         return self.k[i][:, :, :kv_len], self.v[i][:, :, :kv_len]
@@ -178,14 +192,15 @@ def rope_tables(head_dim, max_len, theta):
     freqs = torch.outer(torch.arange(max_len, dtype=torch.float64), inv_freq)
     emb = torch.cat([freqs, freqs], dim=-1)  # (max_len, hd)
     dtype = torch.get_default_dtype()  # float64 tables when a test builds the model in float64
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    # rotate_half(x) = [-x2, x1] = roll(x, hd/2) * [-1, +1]: the sign goes into the sin table
+    sign = torch.cat([-torch.ones(head_dim // 2), torch.ones(head_dim // 2)]).to(torch.float64)
+    return emb.cos().to(dtype), (emb.sin() * sign).to(dtype)
 
 
 def apply_rope(x, cos, sin):
-    # x: (B, T, H, hd); cos/sin: (T, hd). rotate_half pairs dim j with dim j + hd/2.
-    cos, sin = cos[None, :, None, :].to(x.dtype), sin[None, :, None, :].to(x.dtype)
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+    # x: (B, T, H, hd); cos/sin: (T, 1, hd), sin signed (rope_tables). rotate_half pairs
+    # dim j with dim j + hd/2: x cos + rotate_half(x) sin, in 4 ops
+    return x * cos.to(x.dtype) + x.roll(x.size(-1) // 2, -1) * sin.to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -196,9 +211,8 @@ class Attention(nn.Module):
         self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
         self.hd = config.n_embd // config.n_head
         d, dkv = config.n_embd, self.n_kv_head * self.hd
-        self.wq = nn.Linear(d, d, bias=False)
-        self.wk = nn.Linear(d, dkv, bias=False)
-        self.wv = nn.Linear(d, dkv, bias=False)
+        # W_q, W_k, W_v stacked in one matrix (d + 2 dkv, d): one matmul for all three
+        self.wqkv = nn.Linear(d, d + 2 * dkv, bias=False)
         self.wo = nn.Linear(d, d, bias=False)
         self.dropout = config.dropout
         # LRT gated KV projection: (g_loc, g_fb) = 2 sigmoid(W_g a), one pair per KV head
@@ -207,19 +221,23 @@ class Attention(nn.Module):
     def forward(self, a, rope, pos, mask, cache, layer, mem_kv=None, rec_on=None):
         # a: (B, T, d) normed block input at positions pos (a python range)
         B, T, _ = a.shape
-        q = self.wq(a).view(B, T, self.n_head, self.hd)
-        k = self.wk(a).view(B, T, self.n_kv_head, self.hd)
-        v = self.wv(a).view(B, T, self.n_kv_head, self.hd)
+        H, Hkv = self.n_head, self.n_kv_head
+        qkv = self.wqkv(a).view(B, T, H + 2 * Hkv, self.hd)  # heads: H of q, Hkv of k, Hkv of v
         if mem_kv is not None:
             # LRT (DESIGN.md 4): k_t = g_loc * W_k a + g_fb * W_fb_k m_{t-1}, same for v.
             # A gated addition to the token's OWN key/value: the cache keeps its shape.
-            g = 2 * torch.sigmoid(self.lrt_gate(a)).view(B, T, 2, self.n_kv_head, 1)
+            # g: (B, T, 2, Hkv, 1) = (g_loc, g_fb); mem_kv: (B, T, 2, Hkv, hd) = (W_fb_k m, W_fb_v m)
+            g = 2 * torch.sigmoid(self.lrt_gate(a)).view(B, T, 2, Hkv, 1)
             if self.recorder is not None:
                 record(self.recorder, f'g.{layer}', pos, g[..., 0])  # (B, T, 2, Hkv): g_loc, g_fb
-            k = where_on(rec_on, g[:, :, 0] * k + g[:, :, 1] * mem_kv[0], k)
-            v = where_on(rec_on, g[:, :, 0] * v + g[:, :, 1] * mem_kv[1], v)
-        cos, sin = rope
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            kv = qkv[:, :, H:].unflatten(2, (2, Hkv))  # k and v gated together, same gates
+            kv = where_on(rec_on, g[:, :, :1] * kv + g[:, :, 1:] * mem_kv, kv)
+            qkv = torch.cat([qkv[:, :, :H], kv.flatten(2, 3)], 2)
+        # RoPE on q and k together: the first H + Hkv heads
+        q, k = apply_rope(qkv[:, :, :H + Hkv], *rope).split([H, Hkv], 2)
+        v = qkv[:, :, H + Hkv:]
+        if torch.is_grad_enabled():
+            v = v.contiguous()  # else backward keeps the whole qkv storage alive through this view
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, hd)
         if cache is not None:
             k, v = cache.write(layer, pos, k, v)  # now (B, Hkv, kv_len, hd)
@@ -232,12 +250,13 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.w_gate = nn.Linear(config.n_embd, config.mlp_hidden, bias=False)
-        self.w_up = nn.Linear(config.n_embd, config.mlp_hidden, bias=False)
+        # W_gate and W_up stacked in one matrix (2 mlp_hidden, d): one matmul for both
+        self.w_gu = nn.Linear(config.n_embd, 2 * config.mlp_hidden, bias=False)
         self.w_down = nn.Linear(config.mlp_hidden, config.n_embd, bias=False)
 
     def forward(self, x):
-        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+        gate, up = self.w_gu(x).chunk(2, dim=-1)
+        return self.w_down(F.silu(gate) * up)
 
 
 class Block(nn.Module):
@@ -262,9 +281,10 @@ class Block(nn.Module):
                 record(self.recorder, f'gamma_m.{layer}', pos, (self.lrt_gamma * mem).norm(dim=-1))
                 record(self.recorder, f'alpha_x.{layer}', pos, (self.lrt_alpha * x).norm(dim=-1))
             x = where_on(rec_on, self.lrt_alpha * x + self.lrt_gamma * mem, x)
-        x = x + self.drop(self.attn(self.ln_1(x), rope, pos, mask, cache, layer, mem_kv, rec_on))
-        x = x + self.drop(self.mlp(self.ln_2(x)))
-        return x
+        y = self.attn(self.ln_1(x), rope, pos, mask, cache, layer, mem_kv, rec_on)
+        x = x + (self.drop(y) if self.drop.p > 0 else y)  # no dropout call at p = 0
+        y = self.mlp(self.ln_2(x))
+        return x + (self.drop(y) if self.drop.p > 0 else y)
 
 # -----------------------------------------------------------------------------
 # T2MLR gated fusion (DESIGN.md section 3)
@@ -320,13 +340,13 @@ class GPT(nn.Module):
         if c.tie_embeddings:
             self.lm_head.weight = self.wte.weight
         self.fusion = T2MLRFusion(c) if self.rec == 't2mlr' else None
-        # LRT feedback projections W_fb_k, W_fb_v: one pair (shared) or one per reading layer
-        self.lrt_fb_k = self.lrt_fb_v = None
+        # LRT feedback projections W_fb_k, W_fb_v: one pair (shared) or one per reading layer,
+        # stacked in one matrix [W_fb_k; W_fb_v] (2 dkv, d): one matmul for both
+        self.lrt_fb = None
         if self.rec == 'lrt' and c.lrt_inject != 'residual':
             n = 1 if c.lrt_shared else c.n_layer - self.s
             dkv = c.n_kv_head * (c.n_embd // c.n_head)
-            self.lrt_fb_k = nn.ModuleList([nn.Linear(c.n_embd, dkv, bias=False) for _ in range(n)])
-            self.lrt_fb_v = nn.ModuleList([nn.Linear(c.n_embd, dkv, bias=False) for _ in range(n)])
+            self.lrt_fb = nn.ModuleList([nn.Linear(c.n_embd, 2 * dkv, bias=False) for _ in range(n)])
         cos, sin = rope_tables(c.n_embd // c.n_head, c.block_size, c.rope_theta)
         self.register_buffer('rope_cos', cos, persistent=False)
         self.register_buffer('rope_sin', sin, persistent=False)
@@ -348,8 +368,8 @@ class GPT(nn.Module):
                 nn.init.zeros_(f.bias)  # sigmoid(0) = 0.5: the official S5/GSM8K recipes' gate init
             if self.fusion.w_rec is not None:
                 self.fusion.w_rec.reset_parameters()  # PyTorch's default Linear init, as the official code
-        if self.lrt_fb_k is not None and c.lrt_identity_init:
-            for lin in list(self.lrt_fb_k) + list(self.lrt_fb_v):
+        if self.lrt_fb is not None and c.lrt_identity_init:
+            for lin in self.lrt_fb:
                 nn.init.zeros_(lin.weight)
 
     def get_num_params(self, non_embedding=True):
@@ -384,7 +404,8 @@ class GPT(nn.Module):
 
     def run_blocks(self, x, a, b, pos, state_in=None, cache=None, rec_mask=None, shared_kv=None):
         """x: (B, len(pos), d), the residual stream at the input of block a, for the
-        tokens at original positions pos (a python range). state_in: (B, len(pos), d),
+        tokens at original positions pos (a python range; or a (T,) long tensor: the
+        static step, which needs cache and attends over its whole buffer). state_in: (B, len(pos), d),
         the state each of those tokens reads (R_{t-1} or m_{t-1}); None runs the plain
         model (no fusion, no injection). cache: a KVCache to write keys into and attend
         over (None: the positions are 0..T-1 and attend among themselves).
@@ -395,14 +416,23 @@ class GPT(nn.Module):
         if a > b:
             return x
         rec_on = None if rec_mask is None else rec_mask.unsqueeze(-1)  # (B, T, 1)
-        rope = (self.rope_cos[pos.start:pos.stop:pos.step], self.rope_sin[pos.start:pos.stop:pos.step])
         mask = None  # causal among x itself, or a single query that sees the whole prefix
         W = self.config.attn_window
-        if W > 0 or (cache is not None and len(pos) > 1 and not (pos.start == 0 and pos.step == 1)):
-            # queries at pos attend to keys 0..pos[-1] causally by original position
+        if torch.is_tensor(pos):
+            # the static step: pos a (T,) tensor, keys = the whole cache buffer, masked by
+            # position (no shape depends on pos: torch.compile compiles this once)
+            rope = (self.rope_cos.index_select(0, pos)[:, None], self.rope_sin.index_select(0, pos)[:, None])
+            kpos, qpos = torch.arange(cache.max_len, device=x.device), pos
+        else:
+            rope = (self.rope_cos[pos.start:pos.stop:pos.step, None], self.rope_sin[pos.start:pos.stop:pos.step, None])
+            if W > 0 or (cache is not None and len(pos) > 1 and not (pos.start == 0 and pos.step == 1)):
+                kpos = torch.arange(pos[-1] + 1, device=x.device)
+                qpos = torch.arange(pos.start, pos.stop, pos.step, device=x.device)
+            else:
+                kpos = None
+        if kpos is not None:
+            # queries at qpos attend to keys 0..qpos causally by original position
             # (and, with a window, only to the last W of them)
-            kpos = torch.arange(pos[-1] + 1, device=x.device)
-            qpos = torch.arange(pos.start, pos.stop, pos.step, device=x.device)
             mask = kpos[None, :] <= qpos[:, None]
             if W > 0:
                 mask = mask & (kpos[None, :] > qpos[:, None] - W)
@@ -414,7 +444,7 @@ class GPT(nn.Module):
             mem = mem_kv = None
             if state_in is not None and self.rec == 'lrt' and i >= self.s:
                 mem = state_in  # LRT: every block >= s reads m_{t-1}
-                if self.lrt_fb_k is not None:
+                if self.lrt_fb is not None:
                     if self.config.lrt_shared:  # one projection, computed once for all layers
                         if shared_kv is None:
                             shared_kv = self._fb_kv(0, mem)
@@ -425,15 +455,16 @@ class GPT(nn.Module):
         return x
 
     def shared_kv(self, state_in):
-        """LRT-shared: (W_fb_k m, W_fb_v m), one projection for every layer; else None."""
-        if state_in is None or self.lrt_fb_k is None or not self.config.lrt_shared:
+        """LRT-shared: (W_fb_k m, W_fb_v m) stacked (B, T, 2, Hkv, hd), one projection for
+        every layer; else None."""
+        if state_in is None or self.lrt_fb is None or not self.config.lrt_shared:
             return None
         return self._fb_kv(0, state_in)
 
     def _fb_kv(self, j, mem):
+        # mem (B, T, d) -> (W_fb_k m, W_fb_v m) stacked: (B, T, 2, Hkv, hd), one matmul
         B, T, _ = mem.shape
-        shape = (B, T, self.config.n_kv_head, self.config.n_embd // self.config.n_head)
-        return self.lrt_fb_k[j](mem).view(shape), self.lrt_fb_v[j](mem).view(shape)
+        return self.lrt_fb[j](mem).view(B, T, 2, self.config.n_kv_head, self.config.n_embd // self.config.n_head)
 
     def next_state(self, h, state_in, rec_mask=None):
         """The state token t hands to token t+1, from h = h^(e)_t and the state it read.
@@ -500,7 +531,7 @@ class GPT(nn.Module):
             return self.forward_interleaved(idx, targets, n_subsets, rec_mask)
         raise ValueError(f"unknown mode {mode!r}; expected 'plain', 'exact', 'jacobi', 'interleaved' or 'zero'")
 
-    def _exact(self, idx, cache, rec_mask=None, zero_state=False):
+    def _exact(self, idx, cache, rec_mask=None, zero_state=False, step=None):
         """Exact recurrence (DESIGN.md 5). Below/above segments run in parallel over the
         sequence; only the span runs token by token. Returns (x_out, last_state).
         zero_state: the state is never handed on, so every token reads R_{-1} = 0."""
@@ -510,16 +541,26 @@ class GPT(nn.Module):
         state = x.new_zeros(B, 1, self.config.n_embd)  # R_{-1} = 0
         hs, ins = [], []
         for t in range(T):
-            m = None if rec_mask is None else rec_mask[:, t:t + 1]
-            st = self._reset(state, idx[:, t:t + 1], m)  # (B, 1, d) what token t reads
-            h = self.run_blocks(x[:, t:t + 1], self.s, self.e, range(t, t + 1), st, cache, m)
+            # step: the static span step, eager or compiled (generate(compile=...)); the
+            # first token runs eagerly, which allocates the span's cache buffers
+            f = self._span_step if step is None or t == 0 else step
+            h, st, new = f(x, idx, torch.tensor([t], device=idx.device), state, cache, rec_mask)
             if not zero_state:
-                state = self.next_state(h, st, m)
+                state = new
             hs.append(h)
             ins.append(st)
         h, state_in = torch.cat(hs, 1), torch.cat(ins, 1)
         x = self.run_blocks(h, self.e + 1, L - 1, range(T), state_in, cache, rec_mask)
         return x, state[:, 0]
+
+    def _span_step(self, x, idx, pos, state, cache, rec_mask=None):
+        """Token pos ((1,) long tensor) of x (B, T, d) through the span, reading state
+        (B, 1, d) = what token pos-1 produced. The static step (fixed shapes for every
+        pos), like decode_step. Returns (h^(e), the state it read, the state it hands on)."""
+        m = None if rec_mask is None else rec_mask.index_select(1, pos)
+        st = self._reset(state, idx.index_select(1, pos), m)  # (B, 1, d) what token pos reads
+        h = self.run_blocks(x.index_select(1, pos), self.s, self.e, pos, st, cache, m)
+        return h, st, self.next_state(h, st, m)
 
     def forward_exact(self, idx, targets=None, rec_mask=None, zero_state=False):
         """zero_state=True (mode='zero'): every position reads an all-zero state (R_{t-1} = 0,
@@ -613,16 +654,17 @@ class GPT(nn.Module):
     # generation: KV cache + one state vector per sequence, one pass per token
 
     @torch.no_grad()
-    def prefill(self, idx, cache, mode='exact', n_iter=8):
+    def prefill(self, idx, cache, mode='exact', n_iter=8, compile=False):
         """Process a prompt into the cache. Returns (logits (B,T,V), state (B,d)) where
         state is what the first generated token will read (before any reset).
-        mode: 'exact' | 'jacobi' (D = n_iter, DESIGN.md 6) | 'plain' (no recurrence in the prompt)."""
+        mode: 'exact' | 'jacobi' (D = n_iter, DESIGN.md 6) | 'plain' (no recurrence in the prompt).
+        compile: as in generate; the exact prefill's token-by-token span steps compiled."""
         T = idx.size(1)
         if self.rec == 'none':
             x = self.run_blocks(self.wte(idx), 0, self.config.n_layer - 1, range(T), None, cache)
             return self._logits_loss(x, None)[0], None
         if mode == 'exact':
-            x, state = self._exact(idx, cache)
+            x, state = self._exact(idx, cache, step=self.compiled('_span_step', compile) if compile else None)
         elif mode == 'jacobi':
             # the state of the last prompt token from the final pass (one refinement beyond
             # the official code, which seeds decoding from its last iteration)
@@ -638,11 +680,15 @@ class GPT(nn.Module):
         return self._logits_loss(x, None)[0], state
 
     @torch.no_grad()
-    def decode_step(self, tok, t, state, cache):
-        """One forward pass for one new token per sequence. tok: (B, 1) at position t;
-        state: (B, d) from token t-1. Returns (logits (B, 1, V), new state (B, d))."""
+    def decode_step(self, tok, pos, state, cache):
+        """One forward pass for one new token per sequence. tok: (B, 1) at position pos,
+        a (1,) long tensor (or an int); state: (B, d) from token pos-1. Returns (logits
+        (B, 1, V), new state (B, d)). The static step: the cache is a preallocated buffer
+        written in place and attended over whole, under a mask built from pos, so no shape
+        depends on pos and torch.compile compiles it once (generate(compile=True))."""
+        if not torch.is_tensor(pos):
+            pos = torch.tensor([pos], device=tok.device)
         x = self.wte(tok)
-        pos = range(t, t + 1)
         if self.rec == 'none':
             return self._logits_loss(self.run_blocks(x, 0, self.config.n_layer - 1, pos, None, cache), None)[0], None
         st = self._reset(state[:, None], tok)
@@ -654,18 +700,23 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, prefill='exact',
-                 prefill_iters=8, return_logits=False, generator=None, stop_token=None, on_token=None):
+                 prefill_iters=8, return_logits=False, generator=None, stop_token=None, on_token=None,
+                 compile=False):
         """idx: (B, T0) prompts of equal length. Exactly one forward pass per new token
         after the prefill. temperature 0 = greedy. Returns (B, T0 + max_new_tokens)
         tokens, and with return_logits the (B, T0 + max_new_tokens - 1, V) logits that
         produced every next token. on_token(tokens so far) is called after each new
         token (for streaming); with stop_token, generation ends early once every row has
-        produced it (rows that stopped earlier run on: cut them at their first stop_token)."""
+        produced it (rows that stopped earlier run on: cut them at their first stop_token).
+        compile: False (eager), True (torch.compile'd decode_step and exact-prefill span
+        step, compiled once per batch size and length) or a torch.compile mode, e.g.
+        'reduce-overhead' (CUDA graphs). The same decode_step runs either way."""
         B, T0 = idx.shape
         if T0 + max_new_tokens > self.config.block_size:
             raise ValueError(f"prompt {T0} + {max_new_tokens} new tokens exceeds block_size {self.config.block_size}")
         cache = KVCache(self.config.n_layer, T0 + max_new_tokens)
-        logits, state = self.prefill(idx, cache, prefill, prefill_iters)
+        logits, state = self.prefill(idx, cache, prefill, prefill_iters, compile)
+        decode = self.compiled('decode_step', compile) if compile else self.decode_step
         all_logits = [logits]
         out = [idx]
         done = torch.zeros(B, 1, dtype=torch.bool, device=idx.device)
@@ -679,10 +730,26 @@ class GPT(nn.Module):
                 if done.all():
                     break
             if step < max_new_tokens - 1:
-                logits, state = self.decode_step(tok, T0 + step, state, cache)
+                logits, state = decode(tok, torch.tensor([T0 + step], device=idx.device), state, cache)
+                if 'reduce-overhead' in (compile, getattr(compile, 'get', dict().get)('mode')):
+                    # CUDA graph outputs are overwritten by the next replay
+                    logits, state = logits.clone(), state if state is None else state.clone()
                 all_logits.append(logits)
         out = torch.cat(out, 1)
         return (out, torch.cat(all_logits, 1)) if return_logits else out
+
+    def compiled(self, name, compile=True):
+        """torch.compile'd self.<name> (a static step: 'decode_step' or '_span_step'),
+        built once per model and setting. compile: True, a torch.compile mode string
+        ('reduce-overhead': CUDA graphs), or a dict of torch.compile arguments (e.g.
+        backend='eager' in tests). A torch without a working compiler backend fails at
+        the first call: CompileError."""
+        kw = {} if compile is True else dict(mode=compile) if isinstance(compile, str) else dict(compile)
+        key = (name, tuple(sorted(kw.items())))
+        fns = self.__dict__.setdefault('_compiled_steps', {})
+        if key not in fns:
+            fns[key] = _first_call_checked(torch.compile(getattr(self, name), dynamic=False, **kw), kw)
+        return fns[key]
 
     # ------------------------------------------------------------------
     # optimizer groups and FLOPs
@@ -719,7 +786,7 @@ class GPT(nn.Module):
         if self.rec == 'lrt':
             n_read = c.n_layer - self.s
             f = 0
-            if self.lrt_fb_k is not None:
+            if self.lrt_fb is not None:
                 f += 2 * 2 * d * dkv * (1 if c.lrt_shared else n_read)  # W_fb_k, W_fb_v
                 f += 2 * d * 2 * c.n_kv_head * n_read                   # W_g
             return f
@@ -759,6 +826,29 @@ class GPT(nn.Module):
 # -----------------------------------------------------------------------------
 # helpers
 
+class CompileError(RuntimeError):
+    pass
+
+
+def _first_call_checked(fn, kw):
+    """fn, a torch.compile'd function, whose first call turns a compiler failure (no C++
+    compiler, no triton, an unsupported torch build) into one CompileError line."""
+    ok = []
+
+    def call(*args):
+        if ok:
+            return fn(*args)
+        try:
+            out = fn(*args)
+        except Exception as e:
+            first = (str(e).strip().splitlines() or [''])[0][:200]
+            raise CompileError(f"torch.compile({', '.join(f'{k}={v}' for k, v in kw.items())}) failed on this torch/machine: "
+                               f"{type(e).__name__}: {first}; run with --compile=False") from None
+        ok.append(True)
+        return out
+    return call
+
+
 def where_on(rec_on, new, old):
     """new where the recurrence is on (rec_on: (B, T, 1) bool, None = everywhere), else old."""
     if rec_on is None:
@@ -768,7 +858,7 @@ def where_on(rec_on, new, old):
 
 def record(recorder, key, pos, value):
     """Keep value (B, len(pos), ...), computed for the tokens at positions pos (a python
-    range), under key. Keys: 'state' (the state read, (B, T, d)), 'gate_cur'/'gate_rec' (T2MLR's
+    range, or a long tensor in the static steps), under key. Keys: 'state' (the state read, (B, T, d)), 'gate_cur'/'gate_rec' (T2MLR's
     tanh(g) sigmoid(f), (B, T, d)), 'g.<layer>' (LRT's g_loc, g_fb: (B, T, 2, Hkv)),
     'gamma_m.<layer>'/'alpha_x.<layer>' (norms of LRT's two residual terms)."""
     recorder.setdefault(key, []).append((pos, value.detach()))
@@ -781,7 +871,7 @@ def recorded(recorder, key, T):
     v0 = pieces[0][1]
     out = v0.new_zeros((v0.size(0), T) + v0.shape[2:])
     for pos, v in pieces:
-        out[:, pos.start:pos.stop:pos.step] = v
+        out[:, pos if torch.is_tensor(pos) else slice(pos.start, pos.stop, pos.step)] = v
     return out
 
 
@@ -872,6 +962,22 @@ def _pid_alive(pid):
     return True
 
 
+def upgrade_state_dict(sd):
+    """Older checkpoints of this repo stored the fused projections as separate matrices:
+    wq, wk, wv -> wqkv; w_gate, w_up -> w_gu; lrt_fb_k.j, lrt_fb_v.j -> lrt_fb.j (stacked by rows)."""
+    fused = {'.attn.wq.weight': ('.attn.wqkv.weight', ('.attn.wq.weight', '.attn.wk.weight', '.attn.wv.weight')),
+             '.mlp.w_gate.weight': ('.mlp.w_gu.weight', ('.mlp.w_gate.weight', '.mlp.w_up.weight'))}
+    for key in list(sd):
+        for first, (new, parts) in fused.items():
+            if key.endswith(first):
+                pre = key[:-len(first)]
+                sd[pre + new] = torch.cat([sd.pop(pre + p) for p in parts], 0)
+        if key.startswith('lrt_fb_k.'):
+            j = key.split('.')[1]
+            sd[f'lrt_fb.{j}.weight'] = torch.cat([sd.pop(key), sd.pop(f'lrt_fb_v.{j}.weight')], 0)
+    return sd
+
+
 def load_checkpoint(path, device='cpu'):
     """Returns (model, ckpt). ckpt holds at least 'model' (state dict) and
     'model_args' (GPTConfig fields). Every failure is one CheckpointError line."""
@@ -892,7 +998,7 @@ def load_checkpoint(path, device='cpu'):
         model = GPT(GPTConfig(**ckpt['model_args']))
     except ValueError as e:
         raise CheckpointError(f"{path}: invalid model args: {e}") from None
-    sd = {k.removeprefix('_orig_mod.').removeprefix('module.'): v for k, v in ckpt['model'].items()}
+    sd = upgrade_state_dict({k.removeprefix('_orig_mod.').removeprefix('module.'): v for k, v in ckpt['model'].items()})
     if {v.dtype for v in sd.values() if v.is_floating_point()} == {torch.float64}:
         model = model.double()  # a float64 run (tests): loading into float32 would round the weights
     try:
@@ -905,18 +1011,17 @@ def load_checkpoint(path, device='cpu'):
 # -----------------------------------------------------------------------------
 # retrofit: a pretrained Hugging Face Llama checkpoint (SmolLM2, ...) as a GPT
 
-# our parameter name -> LlamaForCausalLM's ({i}: layer index). Both use the
-# rotate_half RoPE convention on q/k as stored, so no weight is permuted.
+# our parameter name -> LlamaForCausalLM's ({i}: layer index); a tuple: our matrix is
+# theirs stacked by rows (fused projections). Both use the rotate_half RoPE convention
+# on q/k as stored, so no weight is permuted.
 HF_LLAMA_NAMES = {
     'wte.weight': 'model.embed_tokens.weight',
     'h.{i}.ln_1.weight': 'model.layers.{i}.input_layernorm.weight',
-    'h.{i}.attn.wq.weight': 'model.layers.{i}.self_attn.q_proj.weight',
-    'h.{i}.attn.wk.weight': 'model.layers.{i}.self_attn.k_proj.weight',
-    'h.{i}.attn.wv.weight': 'model.layers.{i}.self_attn.v_proj.weight',
+    'h.{i}.attn.wqkv.weight': ('model.layers.{i}.self_attn.q_proj.weight', 'model.layers.{i}.self_attn.k_proj.weight',
+                               'model.layers.{i}.self_attn.v_proj.weight'),
     'h.{i}.attn.wo.weight': 'model.layers.{i}.self_attn.o_proj.weight',
     'h.{i}.ln_2.weight': 'model.layers.{i}.post_attention_layernorm.weight',
-    'h.{i}.mlp.w_gate.weight': 'model.layers.{i}.mlp.gate_proj.weight',
-    'h.{i}.mlp.w_up.weight': 'model.layers.{i}.mlp.up_proj.weight',
+    'h.{i}.mlp.w_gu.weight': ('model.layers.{i}.mlp.gate_proj.weight', 'model.layers.{i}.mlp.up_proj.weight'),
     'h.{i}.mlp.w_down.weight': 'model.layers.{i}.mlp.down_proj.weight',
     'ln_f.weight': 'model.norm.weight',
     'lm_head.weight': 'lm_head.weight',
@@ -1005,10 +1110,13 @@ def load_hf_llama(name_or_path, dtype=torch.float32, **overrides):
             theirs.pop(key, None)  # the same tensor as the embedding
             continue
         for i in (range(config.n_layer) if '{i}' in ours else [None]):
-            k = key.format(i=i)
-            if k not in theirs:
-                raise CheckpointError(f"{name}: the checkpoint has no weight {k}")
-            sd[ours.format(i=i)] = theirs.pop(k)
+            parts = []
+            for k in ((key,) if isinstance(key, str) else key):
+                k = k.format(i=i)
+                if k not in theirs:
+                    raise CheckpointError(f"{name}: the checkpoint has no weight {k}")
+                parts.append(theirs.pop(k))
+            sd[ours.format(i=i)] = torch.cat(parts, 0)  # fused projections: stacked by rows
     if theirs:
         raise CheckpointError(f"{name}: weights this GPT has no place for: {sorted(theirs)[:5]}")
     del hf

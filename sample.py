@@ -33,13 +33,13 @@ as a picture (FILE.png, needs matplotlib) and as JSON (FILE.json); the table goe
 import os
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import torch
 
 from configurator import configure, fail
-from model import GPT, GPTConfig, CheckpointError, load_checkpoint
+from model import GPT, GPTConfig, CheckpointError, CompileError, load_checkpoint
 from prepare import load_meta, load_split, load_answers, get_tokenizer, extract_answer, check_hub
 
 # -----------------------------------------------------------------------------
@@ -68,6 +68,7 @@ attn_window = -1         # >= 0: run with this attention window instead of the m
 trace = ''               # e.g. trace.png: gate and state trace of one input (also writes trace.json)
 trace_split = ''         # the trace's input: a row of this task split (with its labels); '' = the --start prompt
 trace_row = 0
+compile = False          # torch.compile the decode step and the exact prefill's span step (compiled once, then fast)
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
 
@@ -140,6 +141,15 @@ def printer(decode, skip, shown):
             print(text[len(shown[0]):], end='', flush=True)
             shown[0] = text
     return on_token, shown
+
+
+@contextmanager
+def compile_errors_fail():
+    """--compile=True on a torch without a working compiler backend: one line, exit 2."""
+    try:
+        yield
+    except CompileError as e:
+        fail(str(e))
 
 
 @torch.no_grad()
@@ -419,8 +429,9 @@ if __name__ == '__main__':
         fail(f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's block_size {model.config.block_size}")
     idx = torch.tensor([ids], dtype=torch.long, device=device)
     generator = torch.Generator(device=device).manual_seed(seed)
-    kw = dict(temperature=temperature, top_k=top_k or None, prefill=prefill, prefill_iters=prefill_iters, generator=generator)
-    with ctx:
+    kw = dict(temperature=temperature, top_k=top_k or None, prefill=prefill, prefill_iters=prefill_iters, generator=generator,
+              compile=compile)
+    with ctx, compile_errors_fail():
         if num_samples == 1 and stream:
             prompt_text = decode(ids[skip:]).rstrip('\ufffd')
             print(prompt_text, end='', flush=True)

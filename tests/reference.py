@@ -58,7 +58,14 @@ def block(model, i, x, mem, on=None):
     a = rms(x, b.ln_2.weight, c.norm_eps)
     m = b.mlp
     silu = lambda z: z * torch.sigmoid(z)
-    return x + (silu(a @ m.w_gate.weight.T) * (a @ m.w_up.weight.T)) @ m.w_down.weight.T
+    W_gate, W_up = mlp_weights(model, i)
+    return x + (silu(a @ W_gate.T) * (a @ W_up.T)) @ m.w_down.weight.T
+
+
+def mlp_weights(model, i):
+    # the model stacks [W_gate; W_up] in one matrix: slice it back
+    W = model.h[i].mlp.w_gu.weight
+    return W[:model.config.mlp_hidden], W[model.config.mlp_hidden:]
 
 
 def fuse(model, h, R):
@@ -148,15 +155,19 @@ def qkv(model, i, a, mem, positions, on=None):
     (None: 0..n-1); on: (n,) bool, where the LRT key/value injection applies."""
     c, att = model.config, model.h[i].attn
     n, hd = a.shape[0], c.n_embd // c.n_head
-    q = (a @ att.wq.weight.T).view(n, c.n_head, hd)
-    k = (a @ att.wk.weight.T).view(n, c.n_kv_head, hd)
-    v = (a @ att.wv.weight.T).view(n, c.n_kv_head, hd)
+    W = att.wqkv.weight  # the model stacks [W_q; W_k; W_v] in one matrix: slice it back
+    d, dkv = c.n_embd, c.n_kv_head * hd
+    q = (a @ W[:d].T).view(n, c.n_head, hd)
+    k = (a @ W[d:d + dkv].T).view(n, c.n_kv_head, hd)
+    v = (a @ W[d + dkv:].T).view(n, c.n_kv_head, hd)
     if mem is not None and att.lrt_gate is not None:
         j = 0 if c.lrt_shared else i - c.rec_start
         g = 2 * torch.sigmoid(a @ att.lrt_gate.weight.T)
         gl, gf = g[:, :c.n_kv_head, None], g[:, c.n_kv_head:, None]  # first Hkv local, then feedback
-        kr = gl * k + gf * (mem @ model.lrt_fb_k[j].weight.T).view(n, c.n_kv_head, hd)
-        vr = gl * v + gf * (mem @ model.lrt_fb_v[j].weight.T).view(n, c.n_kv_head, hd)
+        W_fb = model.lrt_fb[j].weight  # rows: W_fb_k, then W_fb_v
+        W_fb_k, W_fb_v = W_fb[:c.n_kv_head * hd], W_fb[c.n_kv_head * hd:]
+        kr = gl * k + gf * (mem @ W_fb_k.T).view(n, c.n_kv_head, hd)
+        vr = gl * v + gf * (mem @ W_fb_v.T).view(n, c.n_kv_head, hd)
         k = kr if on is None else torch.where(on[:, None, None], kr, k)
         v = vr if on is None else torch.where(on[:, None, None], vr, v)
     return rope(q, c.rope_theta, positions), rope(k, c.rope_theta, positions), v
@@ -190,7 +201,8 @@ def pass_with_buffer(model, x, positions, states, K, V):
         x = x + torch.stack(rows) @ b.attn.wo.weight.T
         a = rms(x, b.ln_2.weight, c.norm_eps)
         m = b.mlp
-        x = x + ((a @ m.w_gate.weight.T) * torch.sigmoid(a @ m.w_gate.weight.T) * (a @ m.w_up.weight.T)) @ m.w_down.weight.T
+        W_gate, W_up = mlp_weights(model, i)
+        x = x + ((a @ W_gate.T) * torch.sigmoid(a @ W_gate.T) * (a @ W_up.T)) @ m.w_down.weight.T
         if i == c.rec_end:
             h_e = x
     return x, h_e

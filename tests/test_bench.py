@@ -20,7 +20,7 @@ except ImportError:
 
 def bench(*args, cwd=ROOT):
     return subprocess.run([sys.executable, os.path.join(ROOT, 'bench.py'), *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=600)
 
 
 def finite_pos(x):
@@ -31,7 +31,10 @@ def finite_pos(x):
 def quick(tmp_path_factory):
     tmp = tmp_path_factory.mktemp('bench')
     out = tmp / 'bench.json'
-    args = ['--quick=True', '--threads=1', f'--out={out}']
+    # compiled decode and prefill too, with dynamo's 'eager' backend: the same tracing, the
+    # same static shapes and rows, without minutes of inductor code generation
+    args = ['--quick=True', '--threads=1', f'--out={out}', '--compile=True', '--compile_backend=eager',
+            '--decode_batches=1']
     if HAVE_MPL:  # draw the plot in the same run: one quick run for every test
         args.append(f"--plot={tmp / 'bench.png'}")
     p = bench(*args)
@@ -88,15 +91,41 @@ def test_decode_figures(quick):
         assert m['rec_flops_per_token'] >= 0 and (m['rec_flops_per_token'] > 0) == (name != 'plain')
 
 
+def test_decode_compiled_and_hf_peer(quick):
+    res, stdout, _ = quick
+    cfg = res['config']
+    crows = res['decode_compiled']
+    assert cfg['compile'] is True and len(crows) == len(res['decode'])
+    for eager, comp in zip(res['decode'], crows):
+        assert (eager['model'], eager['batch'], eager['gen_len']) == (comp['model'], comp['batch'], comp['gen_len'])
+        for k in ('ms_per_token', 'tokens_per_s', 'ratio', 'flop_ratio', 'speedup_over_eager'):
+            assert finite_pos(comp[k]), (comp, k)
+        if comp['model'] == 'plain':
+            assert comp['ratio'] == 1.0  # each recurrent model against COMPILED plain
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        assert res['decode_hf'] == []
+        return
+    assert len(res['decode_hf']) == len(cfg['decode_batches']) * len(cfg['gen_lens'])
+    for h in res['decode_hf']:
+        assert finite_pos(h['ms_per_token']) and finite_pos(h['ratio_to_plain_compiled'])
+        assert h['same_greedy_tokens'] is True  # same weights: HF's greedy tokens are the plain model's
+    assert 'HF gen' in stdout
+
+
 def test_prefill_figures(quick):
     res, _, _ = quick
     modes = {(r['model'], r['mode']) for r in res['prefill']}
-    assert modes == {('plain', 'plain')} | {(m, k) for m in ('t2mlr', 'lrt') for k in ('plain', 'exact', 'jacobi')}
+    assert modes == ({('plain', 'plain'), ('plain', 'plain-compiled')}
+                     | {(m, k) for m in ('t2mlr', 'lrt') for k in ('plain', 'exact', 'jacobi', 'exact-compiled')})
     for r in res['prefill']:
         for k in ('ms', 'tokens_per_s', 'ratio', 'flop_ratio', 'ratio_over_flops'):
             assert finite_pos(r[k]), (r, k)
         if r['mode'] == 'jacobi':
             assert r['n_iter'] == res['config']['D'] and r['flop_ratio'] > 1
+        if r['mode'].endswith('-compiled'):
+            assert finite_pos(r['ratio_to_plain_compiled'])
 
 
 @pytest.mark.parametrize('args, msg', [
@@ -108,6 +137,8 @@ def test_prefill_figures(quick):
     (['--D'], 'expected --key=value'),
     (['--dtype=float16'], "expected 'auto', 'float32' or 'bfloat16'"),
     (['--D=2', '--B=3'], 'need D >= 1, 0 <= B <= D'),
+    (['--compile_mode=fast'], "compile_mode='fast'"),
+    (['--compile_backend=tvm'], "compile_backend='tvm'"),
 ])
 def test_bad_arguments_are_one_line_exit_2(args, msg):
     p = bench(*args)

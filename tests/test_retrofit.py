@@ -134,14 +134,15 @@ def test_tolerance_catches_mistakes(ckpt, f64_reference):
         d1, d2 = w.shape
         return w.view(n_head, d1 // n_head // 2, 2, d2).transpose(1, 2).reshape(d1, d2)
 
+    d, dkv = 32, 16  # the fixture's n_embd and n_kv_head * head_dim
+
     def transpose_wq(m):
-        m.h[0].attn.wq.weight.copy_(m.h[0].attn.wq.weight.T.clone())
+        wq = m.h[0].attn.wqkv.weight[:d]  # rows of W_q in the stacked [W_q; W_k; W_v]
+        wq.copy_(wq.T.clone())
 
     def swap_gate_up(m):
-        mlp = m.h[1].mlp
-        g = mlp.w_gate.weight.clone()
-        mlp.w_gate.weight.copy_(mlp.w_up.weight)
-        mlp.w_up.weight.copy_(g)
+        w = m.h[1].mlp.w_gu.weight  # [W_gate; W_up]
+        w.copy_(torch.cat(w.chunk(2, 0)[::-1], 0))
 
     def swap_norms(m):
         b = m.h[2]
@@ -151,8 +152,9 @@ def test_tolerance_catches_mistakes(ckpt, f64_reference):
 
     def interleaved_rope(m):
         for b in m.h:
-            b.attn.wq.weight.copy_(rope_permute(b.attn.wq.weight, 4))
-            b.attn.wk.weight.copy_(rope_permute(b.attn.wk.weight, 2))
+            w = b.attn.wqkv.weight
+            w[:d].copy_(rope_permute(w[:d], 4))
+            w[d:d + dkv].copy_(rope_permute(w[d:d + dkv], 2))
 
     def default_eps(m):
         for mod in m.modules():
@@ -196,7 +198,7 @@ def test_recurrence_at_identity_matches_hf(ckpt, f64_reference, rec, mode):
     if model.rec == 't2mlr':
         assert model.fusion is not None and model.config.rec_gate_gain == 1e-2  # retrofit default
     else:
-        assert model.config.lrt_identity_init and model.lrt_fb_k is not None
+        assert model.config.lrt_identity_init and model.lrt_fb is not None
     assert max_diff(hf, model, tokens(), **MODES[mode]) < TIGHT
 
 

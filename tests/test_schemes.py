@@ -173,7 +173,7 @@ def test_jacobi_gradient_depth_matters(kw):
     # and rec_residual_detach changes T2MLR's gradients but not its values
     m = make(**kw).train()
     idx, tgt = tokens(), tokens(seed=3)
-    name = 'fusion.g_rec' if kw['recurrence'] == 't2mlr' else 'lrt_fb_v.0.weight'
+    name = 'fusion.g_rec' if kw['recurrence'] == 't2mlr' else 'lrt_fb.0.weight'
     g = {}
     for B in (1, 5):
         m.zero_grad()
