@@ -69,6 +69,7 @@ class GPTConfig:
     lrt_inject: str = 'both'    # 'kv' | 'residual' | 'both'
     lrt_shared: bool = True     # one W_fb_k/W_fb_v pair for all layers (else one per layer)
     lrt_identity_init: bool = False  # gamma=0, W_fb=0: starts equal to the plain GPT
+    lrt_gate_channels: int = 0  # the gates read the first this-many channels of the normed input; 0 = all (DESIGN.md 11)
 
     def __post_init__(self):
         if self.mlp_hidden == 0:
@@ -89,6 +90,8 @@ class GPTConfig:
             bad(f"n_head={self.n_head} is not divisible by n_kv_head={self.n_kv_head}")
         if (self.n_embd // self.n_head) % 2:
             bad(f"head dim {self.n_embd // self.n_head} must be even for RoPE")
+        if not 0 <= self.lrt_gate_channels <= self.n_embd:
+            bad(f"lrt_gate_channels={self.lrt_gate_channels} must be in 0..n_embd={self.n_embd} (0 = all channels)")
         if self.attn_window < 0:
             bad(f"attn_window={self.attn_window} must be >= 0 (0 = full causal attention)")
         if not 0.0 <= self.dropout < 1.0:
@@ -216,7 +219,9 @@ class Attention(nn.Module):
         self.wo = nn.Linear(d, d, bias=False)
         self.dropout = config.dropout
         # LRT gated KV projection: (g_loc, g_fb) = 2 sigmoid(W_g a), one pair per KV head
-        self.lrt_gate = nn.Linear(d, 2 * self.n_kv_head, bias=False) if reads_memory else None
+        # (the official code can read only the first lrt_gate_channels channels of a)
+        self.gate_in = config.lrt_gate_channels or d
+        self.lrt_gate = nn.Linear(self.gate_in, 2 * self.n_kv_head, bias=False) if reads_memory else None
 
     def forward(self, a, rope, pos, mask, cache, layer, mem_kv=None, rec_on=None):
         # a: (B, T, d) normed block input at positions pos (a python range)
@@ -227,7 +232,7 @@ class Attention(nn.Module):
             # LRT (DESIGN.md 4): k_t = g_loc * W_k a + g_fb * W_fb_k m_{t-1}, same for v.
             # A gated addition to the token's OWN key/value: the cache keeps its shape.
             # g: (B, T, 2, Hkv, 1) = (g_loc, g_fb); mem_kv: (B, T, 2, Hkv, hd) = (W_fb_k m, W_fb_v m)
-            g = 2 * torch.sigmoid(self.lrt_gate(a)).view(B, T, 2, Hkv, 1)
+            g = 2 * torch.sigmoid(self.lrt_gate(a[..., :self.gate_in])).view(B, T, 2, Hkv, 1)
             if self.recorder is not None:
                 record(self.recorder, f'g.{layer}', pos, g[..., 0])  # (B, T, 2, Hkv): g_loc, g_fb
             kv = qkv[:, :, H:].unflatten(2, (2, Hkv))  # k and v gated together, same gates

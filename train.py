@@ -95,6 +95,7 @@ rec_gate_gain = 0.0       # xavier gain of T2MLR's gates; 0 = auto: 1.0 from scr
 lrt_inject = 'both'
 lrt_shared = True
 lrt_identity_init = False
+lrt_gate_channels = 0    # LRT gates read the first N channels of the normed input (official option); 0 = all
 # training scheme
 train_mode = 'jacobi'    # 'plain' | 'jacobi' | 'interleaved'
 n_iter = 8               # Jacobi: D iterations as in the official code (D+1 span passes: initial, D-1, final)
@@ -300,7 +301,8 @@ model_args = dict(block_size=block_size, vocab_size=meta['vocab_size'], n_layer=
                   rec_residual=rec_residual, rec_proj=rec_proj, rec_residual_detach=rec_residual_detach,
                   jacobi_init=jacobi_init,
                   rec_gate_gain=rec_gate_gain or (1.0 if init_from in ('scratch', 'resume') else 1e-2),
-                  lrt_inject=lrt_inject, lrt_shared=lrt_shared, lrt_identity_init=lrt_identity_init)
+                  lrt_inject=lrt_inject, lrt_shared=lrt_shared, lrt_identity_init=lrt_identity_init,
+                  lrt_gate_channels=lrt_gate_channels)
 iter_num, best_val_loss, ckpt = 0, 1e9, None
 pretrained = None  # the Hugging Face checkpoint a retrofit run started from (kept across resumes)
 ckpt_path = os.path.join(out_dir, 'ckpt.pt')   # the latest checkpoint

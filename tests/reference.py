@@ -162,7 +162,7 @@ def qkv(model, i, a, mem, positions, on=None):
     v = (a @ W[d + dkv:].T).view(n, c.n_kv_head, hd)
     if mem is not None and att.lrt_gate is not None:
         j = 0 if c.lrt_shared else i - c.rec_start
-        g = 2 * torch.sigmoid(a @ att.lrt_gate.weight.T)
+        g = 2 * torch.sigmoid(a[:, :att.lrt_gate.in_features] @ att.lrt_gate.weight.T)
         gl, gf = g[:, :c.n_kv_head, None], g[:, c.n_kv_head:, None]  # first Hkv local, then feedback
         W_fb = model.lrt_fb[j].weight  # rows: W_fb_k, then W_fb_v
         W_fb_k, W_fb_v = W_fb[:c.n_kv_head * hd], W_fb[c.n_kv_head * hd:]

@@ -69,6 +69,19 @@ def test_identity_init_equals_plain(kw):
                                plain.generate(idx[:, :5], 6, temperature=0, return_logits=True)[1], **TOL)
 
 
+def test_lrt_gate_channels_option():
+    # the official LRT gate reads only the first lrt_gate_channels channels of the normed input
+    m = make(recurrence='lrt', rec_start=1, rec_end=2, lrt_gate_channels=8)
+    assert m.h[1].attn.lrt_gate.weight.shape == (2 * 2, 8)  # (g_loc, g_fb) per KV head
+    idx = tokens()
+    exact = m(idx, mode='exact')[0]
+    torch.testing.assert_close(exact, naive_exact(m, idx), **TOL)
+    out, logits = m.generate(idx[:, :5], 4, temperature=0, return_logits=True)
+    torch.testing.assert_close(logits, m(out, mode='exact')[0][:, :-1], **TOL)
+    with pytest.raises(ValueError, match='lrt_gate_channels'):
+        GPTConfig(**{**TINY, 'recurrence': 'lrt', 'lrt_gate_channels': 33})
+
+
 @pytest.mark.parametrize('kw', STYLES, ids=IDS)
 def test_exact_matches_naive_reference(kw):
     m = make(**kw)

@@ -178,7 +178,7 @@ def naive_trace_position(model, ids, t):
             out[f'gamma_m.{i}'] = (b.lrt_gamma * S[t]).norm().item()
             out[f'alpha_x.{i}'] = (b.lrt_alpha * x[t]).norm().item()
             a = ref.rms(b.lrt_alpha * x + b.lrt_gamma * S, b.ln_1.weight, c.norm_eps)[t]
-            g = 2 * torch.sigmoid(a @ b.attn.lrt_gate.weight.T)  # first the Hkv local gates, then the feedback ones
+            g = 2 * torch.sigmoid(a[..., :b.attn.lrt_gate.in_features] @ b.attn.lrt_gate.weight.T)  # first the Hkv local gates, then the feedback ones
             out[f'g_loc.{i}'], out[f'g_fb.{i}'] = g[:c.n_kv_head].mean().item(), g[c.n_kv_head:].mean().item()
         x = ref.block(model, i, x, S if c.recurrence == 'lrt' and i >= c.rec_start else None)
     logits = ref.rms(x, model.ln_f.weight, c.norm_eps) @ model.lm_head.weight.T
