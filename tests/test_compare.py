@@ -37,7 +37,11 @@ def test_compare_tiny(tmp_path):
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
     assert p.returncode == 0 and p.stdout.count('already done') == 8
     # gate statistics over training, plotted; the reliance table from the checkpoints, no training
-    assert os.path.isfile(tmp_path / 'cmp' / 'gates.png')
+    try:
+        import matplotlib  # noqa: F401  (optional: without it compare.py draws no plots)
+        assert os.path.isfile(tmp_path / 'cmp' / 'gates.png')
+    except ImportError:
+        pass
     logs = [json.loads(l) for l in open(tmp_path / 'cmp' / 't2mlr_full_s1' / 'log.jsonl')]
     assert [r['iter'] for r in logs if r['type'] == 'gates'] == [1, 2]
     p = subprocess.run(cmd + ['--reliance=True'], capture_output=True, text=True, timeout=600, env=ENV)
