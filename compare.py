@@ -12,6 +12,13 @@ statistics each run logs during training (train.py's gate_interval), i.e. how th
 recurrence switches on from identity. A run whose final evaluation is already in its
 log is not run again, so an interrupted comparison picks up where it stopped.
 
+$ python prepare.py s5 --group=S3 && python compare.py --dataset=s5_S3 --curve_interval=250 \
+      --out_dir=out/compare_S3 --results_dir=docs/evidence/s5_S3
+
+also evaluates every 250 steps (on fewer rows) and draws curves.png, the exact-recurrence
+loss and exact match against training steps, and writes the tables and plots to
+results_dir instead of out_dir (the runs themselves stay in out_dir).
+
 $ python compare.py --models=... --reliance=True
 
 trains nothing: it loads every finished run's checkpoint and writes
@@ -38,6 +45,9 @@ seeds = '1,2'
 max_iters = 1500
 extra = ''               # more --key=value for every run, space separated
 quick = False            # a tiny end-to-end run for the tests
+curve_interval = 0       # > 0: also evaluate every so many steps (exact EM on curve_examples rows) -> curves.png
+curve_examples = 200     # rows per test split at those intermediate evaluations (the last one uses 1000)
+results_dir = ''         # where results.md/.json and the plots go ('' = out_dir), e.g. docs/evidence/s5_S3
 reliance = False         # only the reliance table from the runs' checkpoints (no training)
 # -----------------------------------------------------------------------------
 configure(globals(), [k for k in list(globals()) if not k.startswith('_') and k not in ('json', 'math', 'os', 'subprocess', 'sys', 'time', 'configure', 'fail')])
@@ -55,8 +65,20 @@ MODELS = {
     'plain_w32': ['config/plain_small.py', '--attn_window=32'],
     't2mlr_full_w32': ['config/t2mlr_small.py', '--attn_window=32'],
     'lrt_jacobi_w32': ['config/lrt_small.py', '--train_mode=jacobi', '--n_iter=8', '--n_grad=4', '--attn_window=32'],
+    # LRT's own scheme with more refinement: R rounds of the S=2 subsets train through
+    # the first R*S positions exactly (model.py forward_interleaved; R=1 is 'lrt')
+    'lrt_w32': ['config/lrt_small.py', '--attn_window=32'],
+    'lrt_r4_w32': ['config/lrt_small.py', '--n_rounds=4', '--attn_window=32'],
+    # how much Jacobi depth a task needs: D in {4, 8 (t2mlr_full_w32), 16, 32 = T} at B=4,
+    # and B in {1, 8} at D=8
+    't2mlr_w32_D4': ['config/t2mlr_small.py', '--n_iter=4', '--attn_window=32'],
+    't2mlr_w32_D16': ['config/t2mlr_small.py', '--n_iter=16', '--attn_window=32'],
+    't2mlr_w32_D32': ['config/t2mlr_small.py', '--n_iter=32', '--attn_window=32'],
+    't2mlr_w32_D8B1': ['config/t2mlr_small.py', '--n_grad=1', '--attn_window=32'],
+    't2mlr_w32_D8B8': ['config/t2mlr_small.py', '--n_grad=8', '--attn_window=32'],
 }
 here = os.path.dirname(os.path.abspath(__file__))
+rd = results_dir or out_dir
 names, seed_list = models.split(','), [int(s) for s in seeds.split(',')]
 for n in names:
     if n not in MODELS:
@@ -85,7 +107,8 @@ def run(name, seed):
     cmd = [sys.executable, os.path.join(here, 'train.py')] + [os.path.join(here, a) if a.endswith('.py') else a
                                                              for a in MODELS[name]]
     cmd += [f'--data_root={data_root}', f'--dataset={dataset}', f'--out_dir={run_dir}', f'--seed={seed}',
-            f'--max_iters={max_iters}', f'--eval_interval={max_iters}', '--eval_first=False', '--eval_examples=1000',
+            f'--max_iters={max_iters}', f'--eval_interval={curve_interval if curve_interval > 0 else max_iters}',
+            '--eval_first=False', '--eval_examples=1000', f'--eval_examples_mid={curve_examples}',
             f'--gate_interval={max(1, max_iters // 30)}'] + quick_args + extra.split()
     print(f"{name} seed {seed}: {' '.join(cmd[1:])}", flush=True)
     t0 = time.time()
@@ -95,6 +118,47 @@ def run(name, seed):
     seconds = time.time() - t0
     json.dump({'seconds': seconds}, open(os.path.join(run_dir, 'time.json'), 'w'))
     return final_eval(run_dir), seconds
+
+
+def curve(name, seed):
+    """The run's learning curve: per evaluation, the step, the exact-recurrence val loss and
+    the exact EM on every test split; and per logged step, the training loss."""
+    recs = [json.loads(l) for l in open(os.path.join(out_dir, f'{name}_s{seed}', 'log.jsonl'))]
+    evals = [{k: v for k, v in r.items() if k == 'iter' or k == 'val/loss_exact' or k.endswith('/em_exact')}
+             for r in recs if r.get('type') == 'eval']
+    return {'eval': evals, 'train': [[r['iter'], r['loss']] for r in recs if r.get('type') == 'train']}
+
+
+def plot_curves(plt):
+    """results_dir/curves.png: training loss and exact val loss (left), exact EM at every test
+    length (right), against training steps; one color per model, one line per seed."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    styles = ['-', '--', ':', '-.']
+    for k, name in enumerate(names):
+        for j, r in enumerate(results[name]):
+            c, lab = f'C{k}', (name if j == 0 else None)
+            tr = r['curve']['train']
+            if tr:  # a running mean over 3 logged steps: one batch is noisy
+                it, lo = [a for a, _ in tr], [b for _, b in tr]
+                sm = [sum(lo[max(0, i - 2):i + 1]) / len(lo[max(0, i - 2):i + 1]) for i in range(len(lo))]
+                axes[0].plot(it, sm, color=c, lw=0.8, alpha=0.6, label=lab)
+            ev = r['curve']['eval']
+            axes[0].plot([e['iter'] for e in ev], [e['val/loss_exact'] for e in ev], color=c, marker='o', ms=3, lw=1.5)
+            for si, (s, L) in enumerate(zip(splits, lengths)):
+                axes[1].plot([e['iter'] for e in ev], [e.get(f'{s}/em_exact', float('nan')) for e in ev], color=c,
+                             ls=styles[si % len(styles)], marker='o', ms=3, label=f'{name} @{L}' if j == 0 else None)
+    axes[0].set_title('training loss (thin, smoothed; the scheme\'s approximation) and exact val loss (dots)', fontsize=8)
+    axes[1].set_title('exact-recurrence EM on the test splits (line style = length)', fontsize=8)
+    axes[0].set_ylabel('loss')
+    axes[1].set_ylabel('exact match')
+    axes[1].set_ylim(-0.05, 1.05)
+    for ax in axes:
+        ax.set_xlabel('training step')
+        ax.legend(fontsize=6)
+    fig.suptitle(dataset, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(os.path.join(rd, 'curves.png'), dpi=120)
+    print(f"wrote {os.path.join(rd, 'curves.png')}")
 
 
 def mean_spread(xs):
@@ -146,8 +210,8 @@ def plot_gates():
         else:
             ax.text(0.5, 0.5, 'no run of this style', ha='center', va='center', transform=ax.transAxes, color='gray')
     fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, 'gates.png'), dpi=120)
-    print(f"wrote {os.path.join(out_dir, 'gates.png')}")
+    fig.savefig(os.path.join(rd, 'gates.png'), dpi=120)
+    print(f"wrote {os.path.join(rd, 'gates.png')}")
 
 
 def reliance_table():
@@ -205,9 +269,9 @@ def reliance_table():
 
 if reliance:
     table, runs = reliance_table()
-    os.makedirs(out_dir, exist_ok=True)
-    open(os.path.join(out_dir, 'reliance.md'), 'w').write(table)
-    json.dump(runs, open(os.path.join(out_dir, 'reliance.json'), 'w'), indent=1)
+    os.makedirs(rd, exist_ok=True)
+    open(os.path.join(rd, 'reliance.md'), 'w').write(table)
+    json.dump(runs, open(os.path.join(rd, 'reliance.json'), 'w'), indent=1)
     print(table)
     plot_gates()
     sys.exit(0)
@@ -216,7 +280,7 @@ results = {n: [] for n in names}
 for name in names:
     for seed in seed_list:
         ev, seconds = run(name, seed)
-        results[name].append({'seed': seed, 'seconds': seconds, 'eval': ev})
+        results[name].append({'seed': seed, 'seconds': seconds, 'eval': ev, 'curve': curve(name, seed)})
 
 # the test splits, in order of length (the train-length one is 'test')
 meta = json.load(open(os.path.join(data_root, dataset, 'meta.json')))
@@ -245,10 +309,10 @@ note = (f"\n\n{dataset}, trained on length {lengths[0]} rows (every prefix is a 
         f"{max_iters} iterations, seeds {seeds}, mean ± half-range over seeds; {cpu} CPU cores. "
         f"EM = whole-sequence exact match; 'exact' = the exact sequential recurrence; "
         f"'train approx' = the training scheme's parallel approximation on the same weights.\n")
-os.makedirs(out_dir, exist_ok=True)
-open(os.path.join(out_dir, 'results.md'), 'w').write(table + note)
+os.makedirs(rd, exist_ok=True)
+open(os.path.join(rd, 'results.md'), 'w').write(table + note)
 json.dump({'dataset': dataset, 'max_iters': max_iters, 'seeds': seed_list, 'lengths': lengths,
-           'summary': summary, 'runs': results}, open(os.path.join(out_dir, 'results.json'), 'w'), indent=1)
+           'summary': summary, 'runs': results}, open(os.path.join(rd, 'results.json'), 'w'), indent=1)
 print(table + note)
 
 try:
@@ -270,6 +334,8 @@ else:
     ax.set_ylim(-0.05, 1.05)
     ax.legend(fontsize=7, loc='lower left')
     fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, 'accuracy.png'), dpi=120)
-    print(f"wrote {os.path.join(out_dir, 'accuracy.png')}")
+    fig.savefig(os.path.join(rd, 'accuracy.png'), dpi=120)
+    print(f"wrote {os.path.join(rd, 'accuracy.png')}")
     plot_gates()
+    if curve_interval > 0:
+        plot_curves(plt)

@@ -513,14 +513,14 @@ class GPT(nn.Module):
     # ------------------------------------------------------------------
     # forward passes
 
-    def forward(self, idx, targets=None, mode='exact', n_iter=8, n_grad=4, n_subsets=2, rec_mask=None):
+    def forward(self, idx, targets=None, mode='exact', n_iter=8, n_grad=4, n_subsets=2, rec_mask=None, n_rounds=1):
         """idx, targets: (B, T) token ids (targets -1 = no loss). Returns (logits (B,T,V), loss).
         rec_mask: optional (B, T) bool, where the recurrence is on (default: everywhere).
         mode: 'plain'       the backbone alone, recurrence bypassed
               'exact'       the exact sequential recurrence (what generation computes)
               'jacobi'      Jacobi iterations as the official code: an initial pass, n_iter - 1
                             iterations (gradient through the last n_grad) and a final pass
-              'interleaved' n_subsets strided subsets refined one after another
+              'interleaved' n_subsets strided subsets refined one after another, n_rounds times
               'zero'        the exact forward with every position reading an all-zero state
                             (forward_exact's zero_state: how much the model relies on its state)
         With recurrence='none' every mode is the plain parallel forward."""
@@ -533,7 +533,7 @@ class GPT(nn.Module):
         if mode == 'jacobi':
             return self.forward_jacobi(idx, targets, n_iter, n_grad, rec_mask)
         if mode == 'interleaved':
-            return self.forward_interleaved(idx, targets, n_subsets, rec_mask)
+            return self.forward_interleaved(idx, targets, n_subsets, rec_mask, n_rounds)
         raise ValueError(f"unknown mode {mode!r}; expected 'plain', 'exact', 'jacobi', 'interleaved' or 'zero'")
 
     def _exact(self, idx, cache, rec_mask=None, zero_state=False, step=None):
@@ -622,14 +622,20 @@ class GPT(nn.Module):
         x, _, _ = self._jacobi(idx, n_iter, n_grad, None, rec_mask)
         return self._logits_loss(x, targets)
 
-    def forward_interleaved(self, idx, targets=None, n_subsets=2, rec_mask=None):
+    def forward_interleaved(self, idx, targets=None, n_subsets=2, rec_mask=None, n_rounds=1):
         """Interleaved subset refinement (DESIGN.md 7). Subset i = positions t % S == i.
-        Returns (logits, loss): logits at each position from the pass that refined it,
-        loss = (L_0 + sum_i L_i) / (S + 1)."""
+        n_rounds = R > 1 repeats the S refinements R times, each round reading the states
+        the previous one left (our extension for deep chains, DESIGN.md 7; R = 1 is the paper,
+        S = 1 with R rounds is the official code's full-sequence multi-refine). Exact
+        positions after it: 0..R*S-1, and the gradient runs through all of them.
+        Returns (logits, loss): logits at each position from the last pass that refined it,
+        loss = the mean of the 1 + R*S pass losses (L_0 + sum_r sum_i L_ri) / (R*S + 1)."""
         B, T = idx.shape
         S, L = n_subsets, self.config.n_layer
         if not 1 <= S <= T:
             raise ValueError(f"interleaved needs 1 <= n_subsets <= T={T}, got {S}")
+        if n_rounds < 1:
+            raise ValueError(f"interleaved needs n_rounds >= 1, got {n_rounds}")
         buf = KVCache(L, T)  # keys/values of blocks s..L-1 (all recomputed per subset), by original position
         xs = self.run_blocks(self.drop(self.wte(idx)), 0, self.s - 1, range(T))  # below: once
         # 1. init pass with zero memory; keep keys/values and the source states
@@ -639,20 +645,21 @@ class GPT(nn.Module):
         states = self.next_state(h, zero, rec_mask)  # (B, T, d) latest state produced by each token
         logits0, loss0 = self._logits_loss(self.run_blocks(h, self.e + 1, L - 1, range(T), zero, buf, rec_mask, kv), targets)
         logits, losses = torch.empty_like(logits0), [loss0]
-        # 2. refine the subsets in order; each sees the states refined before it
-        for i in range(S):
-            P = range(i, T, S)
-            m = None if rec_mask is None else rec_mask[:, i::S]
-            st = self.shift_states(states, idx, rec_mask)[:, i::S]  # memory shift(h_latest) at P
-            kv = self.shared_kv(st)
-            h = self.run_blocks(xs[:, i::S], self.s, self.e, P, st, buf, m, kv)
-            states = states.slice_scatter(self.next_state(h, st, m), dim=1, start=i, end=T, step=S)
-            out = self.run_blocks(h, self.e + 1, L - 1, P, st, buf, m, kv)
-            logits_i, loss_i = self._logits_loss(out, None if targets is None else targets[:, i::S])
-            logits[:, i::S] = logits_i
-            losses.append(loss_i)
-        # 3. average the S + 1 losses
-        loss = None if targets is None else sum(losses) / (S + 1)
+        # 2. refine the subsets in order, R times over; each sees the states refined before it
+        for _ in range(n_rounds):
+            for i in range(S):
+                P = range(i, T, S)
+                m = None if rec_mask is None else rec_mask[:, i::S]
+                st = self.shift_states(states, idx, rec_mask)[:, i::S]  # memory shift(h_latest) at P
+                kv = self.shared_kv(st)
+                h = self.run_blocks(xs[:, i::S], self.s, self.e, P, st, buf, m, kv)
+                states = states.slice_scatter(self.next_state(h, st, m), dim=1, start=i, end=T, step=S)
+                out = self.run_blocks(h, self.e + 1, L - 1, P, st, buf, m, kv)
+                logits_i, loss_i = self._logits_loss(out, None if targets is None else targets[:, i::S])
+                logits = logits.slice_scatter(logits_i, dim=1, start=i, end=T, step=S)
+                losses.append(loss_i)
+        # 3. average the R*S + 1 losses
+        loss = None if targets is None else sum(losses) / len(losses)
         return logits, loss
 
     # ------------------------------------------------------------------
@@ -797,7 +804,7 @@ class GPT(nn.Module):
             return f
         return 0
 
-    def flops_per_token(self, T, mode='plain', n_iter=8, n_grad=4, n_subsets=2, train=True):
+    def flops_per_token(self, T, mode='plain', n_iter=8, n_grad=4, n_subsets=2, train=True, n_rounds=1):
         """FLOPs per token of one step (forward, plus backward at 2x forward if train),
         counting every extra pass a scheme makes (cost model of DESIGN.md 6 and 7)."""
         c = self.config
@@ -814,8 +821,8 @@ class GPT(nn.Module):
             fwd = (below + (n_iter + 1) * span + above) * lf + hf + (n_iter + 1 - plain) * rec
             bwd = (below + (n_grad + 1) * span + above) * lf + hf + (n_grad + 1 - (plain and n_grad == n_iter)) * rec
         elif mode == 'interleaved':
-            # init pass over everything, then S subsets of T/S tokens through blocks s..L-1
-            fwd = bwd = (below + 2 * (span + above)) * lf + 2 * hf + 2 * rec
+            # init pass over everything, then R rounds of S subsets of T/S tokens through blocks s..L-1
+            fwd = bwd = (below + (1 + n_rounds) * (span + above)) * lf + (1 + n_rounds) * (hf + rec)
         else:
             raise ValueError(f"unknown mode {mode!r}")
         return fwd + (2 * bwd if train else 0)

@@ -17,7 +17,8 @@ SIGTERM finish the current step, save ckpt.pt at the step boundary and exit (130
 train_mode picks how the recurrence is made parallel for training (model.py):
   'plain'        no recurrence (the baseline; or a recurrent model's backbone alone)
   'jacobi'       T2MLR's Jacobi iterations as the official code runs them: D = n_iter, B = n_grad
-  'interleaved'  LRT's strided subsets: n_subsets refinements on a shared key/value buffer
+  'interleaved'  LRT's strided subsets: n_subsets refinements on a shared key/value buffer,
+                 n_rounds times over (1: the paper; more: deeper chains, DESIGN.md 7)
 Evaluation always reports the loss under the training approximation AND under the
 exact sequential recurrence (what generation computes); their gap is the
 approximation error. Judge recurrent models by the exact numbers. It also reports the
@@ -59,6 +60,7 @@ log_interval = 10
 eval_iters = 20          # batches for the approximate (training-scheme) losses
 eval_exact_iters = 4     # batches for the exact losses (token-by-token: slower)
 eval_examples = 1000     # task data: rows per split for accuracy / exact match
+eval_examples_mid = 0    # the same at the evaluations before the last (0: eval_examples): cheaper learning curves
 eval_batch_size = 256    # task data: rows per forward pass in that accuracy evaluation
 eval_only = False
 eval_first = True        # also evaluate before the first step
@@ -103,6 +105,7 @@ n_grad = 4               # Jacobi: B, the last iterations that carry gradient (p
 jacobi_init = 'plain'    # Jacobi: the initial pass runs the plain model (official) or reads the 'zero' state
 rec_residual_detach = False  # T2MLR: no gradient through R_{t-1} in m_t = h_t + R_{t-1} (official S5/GSM8K recipes)
 n_subsets = 2            # interleaved: S
+n_rounds = 1             # interleaved: R rounds of the S refinements (exact positions 0..R*S-1 in training)
 # optimizer
 learning_rate = 1e-3
 max_iters = 2000
@@ -147,6 +150,8 @@ def check_config():
         fail(f"unknown jacobi_init {jacobi_init!r}; expected 'plain' (the official code) or 'zero'")
     if n_subsets < 1 or n_subsets > block_size:
         fail(f"n_subsets={n_subsets}: interleaved needs 1 <= n_subsets <= block_size={block_size}")
+    if n_rounds < 1:
+        fail(f"n_rounds={n_rounds}: interleaved needs at least one round")
     for k in ('batch_size', 'block_size', 'gradient_accumulation_steps', 'eval_interval', 'log_interval',
               'eval_iters', 'eval_exact_iters', 'eval_examples', 'eval_batch_size'):
         if globals()[k] < 1:
@@ -390,7 +395,7 @@ if compile:
 if ddp:
     model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None)
 
-scheme = dict(mode=train_mode, n_iter=n_iter, n_grad=n_grad, n_subsets=n_subsets)
+scheme = dict(mode=train_mode, n_iter=n_iter, n_grad=n_grad, n_subsets=n_subsets, n_rounds=n_rounds)
 flops_per_iter = raw_model.flops_per_token(seq_len, **scheme) * tokens_per_iter
 if master:
     n_rec = sum(p.numel() for n, p in raw_model.named_parameters() if GPT.is_rec_param(n))
@@ -415,8 +420,8 @@ def get_lr(it):
 # evaluation: training approximation vs exact recurrence
 
 @torch.no_grad()
-def evaluate():
-    """Returns a dict of metrics. Runs on the raw model (never through the DDP
+def evaluate(final=True):
+    """Returns a dict of metrics (final=False: an intermediate evaluation, eval_examples_mid rows). Runs on the raw model (never through the DDP
     wrapper, whose forward would start a collective only this process joins)."""
     raw_model.eval()
     out = {}
@@ -432,7 +437,7 @@ def evaluate():
                 x, y, m = draw_batch(gen, split, batch_size)
                 with autocast:
                     losses.append(raw_model(x, y, mode=mode, n_iter=n_iter, n_grad=n_grad, n_subsets=n_subsets,
-                                            rec_mask=m)[1].item())
+                                            rec_mask=m, n_rounds=n_rounds)[1].item())
             out[f'{split}/loss_{tag}'] = sum(losses) / len(losses)
         if not recurrent:  # no state: exact and zero-state are the plain forward
             out[f'{split}/loss_exact'] = out[f'{split}/loss_zero'] = out[f'{split}/loss_approx']
@@ -443,7 +448,7 @@ def evaluate():
         for split in task_splits:
             X, Y = load_split(data_dir, split, meta)
             M = load_rec_mask(data_dir, split, meta)
-            n = min(len(X), eval_examples)
+            n = min(len(X), eval_examples if final or eval_examples_mid < 1 else eval_examples_mid)
             for tag, mode in modes:
                 acc, em = task_accuracy(X[:n], Y[:n], None if M is None else M[:n], mode)
                 out[f'{split}/acc_{tag}'], out[f'{split}/em_{tag}'] = acc, em
@@ -504,7 +509,8 @@ def task_accuracy(X, Y, M, mode):
         y = torch.from_numpy(Y[i:i + eval_batch_size].astype(np.int64)).to(device)
         m = None if M is None else torch.from_numpy(M[i:i + eval_batch_size].astype(np.bool_)).to(device)
         with autocast:
-            logits = raw_model(x, mode=mode, n_iter=n_iter, n_grad=n_grad, n_subsets=n_subsets, rec_mask=m)[0]
+            logits = raw_model(x, mode=mode, n_iter=n_iter, n_grad=n_grad, n_subsets=n_subsets, rec_mask=m,
+                               n_rounds=n_rounds)[0]
         ok = (logits.argmax(-1) == y) | (y == -1)
         right += (ok & (y != -1)).sum().item()
         total += (y != -1).sum().item()
@@ -583,7 +589,7 @@ try:
         if (iter_num % eval_interval == 0 or eval_only or iter_num == max_iters) and not at_start:
             bad = []
             if master:
-                metrics = evaluate()
+                metrics = evaluate(final=iter_num == max_iters or eval_only)
                 print_eval(metrics)
                 log_json({'iter': iter_num, 'type': 'eval', **metrics})
                 if wandb_log:

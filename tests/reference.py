@@ -208,8 +208,9 @@ def pass_with_buffer(model, x, positions, states, K, V):
     return x, h_e
 
 
-def naive_interleaved(model, idx, S):
-    """Logits (B, T, V) of the interleaved scheme: each position from the pass that refined it."""
+def naive_interleaved(model, idx, S, rounds=1):
+    """Logits (B, T, V) of the interleaved scheme, the S subsets refined `rounds` times
+    over: each position from the last pass that refined it."""
     c = model.config
     hd = c.n_embd // c.n_head
     out = []
@@ -226,7 +227,7 @@ def naive_interleaved(model, idx, S):
             _, h_e = pass_with_buffer(model, xs, list(range(T)), zero, K, V)  # init pass
             latest = torch.stack([next_state(model, h_e[t], zero[t]) for t in range(T)])
             logits = torch.zeros(T, c.vocab_size, dtype=x.dtype)
-            for i in range(S):
+            for i in [i for _ in range(rounds) for i in range(S)]:
                 P = list(range(i, T, S))
                 st = torch.stack([torch.zeros(c.n_embd, dtype=x.dtype)
                                   if p == 0 or (c.reset_token is not None and ids[p].item() == c.reset_token)

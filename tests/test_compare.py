@@ -56,6 +56,35 @@ def test_compare_tiny(tmp_path):
     assert md.count('\n| ') == 4 and 'reliance (loss gap)' in md
 
 
+def test_compare_curves_and_new_models(tmp_path):
+    # the options added for the state-tracking groups, end to end in the tiny mode: a
+    # non-abelian group, LRT with refinement rounds, a Jacobi-depth variant, learning
+    # curves every step, and the tables and plots written to results_dir
+    prep('s5', '--group=S3', '--n_train=64', '--n_val=8', '--n_test=8', '--train_len=8', '--test_lens=12',
+         f'--out_dir={tmp_path}/data/s5_S3')
+    cmd = [sys.executable, os.path.join(ROOT, 'compare.py'), '--quick=True', '--max_iters=2', '--seeds=1',
+           '--models=lrt_r4_w32,t2mlr_w32_D4,plain_w32', '--dataset=s5_S3', '--curve_interval=1',
+           '--curve_examples=4', f'--data_root={tmp_path}/data', f'--out_dir={tmp_path}/cmp',
+           f'--results_dir={tmp_path}/evidence/s5_S3']
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert '--n_rounds=4' in p.stdout and '--n_iter=4' in p.stdout
+    assert not os.path.exists(tmp_path / 'cmp' / 'results.json')  # the tables went to results_dir
+    res = json.load(open(tmp_path / 'evidence' / 's5_S3' / 'results.json'))
+    assert res['dataset'] == 's5_S3' and sorted(res['summary']) == ['lrt_r4_w32', 'plain_w32', 't2mlr_w32_D4']
+    for name, runs in res['runs'].items():
+        ev = runs[0]['curve']['eval']
+        assert [e['iter'] for e in ev] == [1, 2]  # an evaluation at every step, the last one final
+        assert all('test_12/em_exact' in e and 'val/loss_exact' in e for e in ev)
+        assert runs[0]['curve']['train'] and runs[0]['eval']['iter'] == 2
+    try:
+        import matplotlib  # noqa: F401
+        for f in ('curves.png', 'accuracy.png'):
+            assert os.path.isfile(tmp_path / 'evidence' / 's5_S3' / f), f
+    except ImportError:
+        pass
+
+
 @pytest.mark.parametrize('cfg', ['t2mlr_135m_fineweb.py', 'lrt_shared_fineweb.py', 'plain_135m_fineweb.py',
                                  's5_retrieval_t2mlr.py'])
 def test_paper_configs_run_at_reduced_size(tmp_path, cfg):

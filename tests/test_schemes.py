@@ -59,6 +59,41 @@ def test_interleaved_matches_naive_scheme(kw, S):
     assert (logits - m(idx, mode='exact')[0]).abs().max() > 1e-6
 
 
+@pytest.mark.parametrize('kw', [STYLES[3], STYLES[0]], ids=['lrt-shared', 't2mlr-mid'])
+@pytest.mark.parametrize('S,R', [(2, 2), (1, 3), (3, 2)])
+def test_interleaved_rounds_match_naive_scheme(kw, S, R):
+    # R rounds of the S refinements: the naive scheme run R times over, and the exact
+    # prefix grows with R: after the init pass position 0 is exact; each round extends
+    # the prefix up to the next position of the last subset, so R*S positions are exact
+    # (R+1 for S=1, the official full-sequence multi-refine), and the next one is not
+    m = make(**kw)
+    idx = tokens(B=2, T=10)
+    logits = m(idx, mode='interleaved', n_subsets=S, n_rounds=R)[0]
+    torch.testing.assert_close(logits, naive_interleaved(m, idx, S, rounds=R), **TOL)
+    exact = m(idx, mode='exact')[0]
+    n = max(R * S, R + 1)
+    torch.testing.assert_close(logits[:, :n], exact[:, :n], **TOL)
+    assert (logits[:, n] - exact[:, n]).abs().max() > 1e-6
+
+
+def test_interleaved_rounds_loss_is_mean_of_passes():
+    m = make(**STYLES[3])
+    idx, tgt = tokens(), tokens(seed=7)
+    _, loss = m(idx, tgt, mode='interleaved', n_subsets=2, n_rounds=3)
+    from model import ce_loss
+    # the 1 + R*S = 7 pass losses: the init pass (every layer on the zero state), then
+    # round r's subset i, whose logits are what the scheme cut after r rounds shows at
+    # the positions of subset i (no later pass of round r touches them)
+    T = idx.size(1)
+    x, zero = m.wte(idx), torch.zeros(idx.size(0), T, m.config.n_embd, dtype=m.wte.weight.dtype)
+    init = m.run_blocks(x, 0, m.config.n_layer - 1, range(T), zero, shared_kv=m.shared_kv(zero))
+    parts = [ce_loss(m.lm_head(m.ln_f(init)), tgt)]
+    for r in (1, 2, 3):
+        logits = m(idx, mode='interleaved', n_subsets=2, n_rounds=r)[0]
+        parts += [ce_loss(logits[:, i::2], tgt[:, i::2]) for i in (0, 1)]
+    torch.testing.assert_close(loss, sum(parts) / 7, **TOL)
+
+
 def test_interleaved_loss_is_mean_of_passes():
     m = make(**STYLES[0])
     idx, tgt = tokens(), tokens(seed=7)
