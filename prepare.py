@@ -132,9 +132,11 @@ def split_files(meta, split):
 def load_meta(data_dir):
     """Read and check data_dir/meta.json, and that every file it lists is complete."""
     path = os.path.join(data_dir, 'meta.json')
-    hint = f"run `python prepare.py NAME` first (NAME: {', '.join(TASKS)})"
+    # not only the built-in names: a dataset can be any folder that write_task (or the format above) made
+    hint = (f"run `python prepare.py TASK ...` for a built-in task ({', '.join(TASKS)}), or write your own "
+            f"with prepare.py's write_task (see README 'Add your own task')")
     if not os.path.isdir(data_dir):
-        raise DataError(f"no dataset folder {data_dir}: {hint}")
+        raise DataError(f"no dataset at {data_dir} (no such folder, so no meta.json): {hint}")
     if not os.path.isfile(path):
         raise DataError(f"{data_dir} has no meta.json (never prepared, or the preparation was interrupted): {hint}")
     try:
