@@ -285,6 +285,7 @@ def show_labels(model, ids, labels, name, title, ctx):
         print("no labelled positions in this input")
     return right, labelled
 
+
 # -----------------------------------------------------------------------------
 # trace: what the recurrence does on one input
 
@@ -498,10 +499,9 @@ if __name__ == '__main__':
             ids, _ = encode_prompt(read_prompt(start), meta, encode)
             labels, title = task_labels(meta, ids), meta['name']
             if labels is None:
-                print(f"note: no true labels: {meta['name']} is not a task whose labels follow from the input "
-                      f"(s5, s5_retrieval; a meta.json made before it recorded 'task' needs prepare.py re-run), or the "
-                      f"input breaks its layout; --show_split=SPLIT --show_row=N shows a stored row with its labels",
-                      file=sys.stderr)
+                print(f"note: no true labels for {meta['name']}: they are recomputed only for s5 and s5_retrieval data "
+                      f"prepared by this version (meta.json 'task') and an input in the task's layout; "
+                      f"--show_split=SPLIT --show_row=N shows a stored row with its labels", file=sys.stderr)
         show_labels(model, ids, labels, lambda i: decode([i]), title, ctx)
         sys.exit(0)
     if show_split:
