@@ -25,6 +25,8 @@ holding meta.json and binary files:
               reset there: <|endoftext|> = 50256 for gpt2, null otherwise),
               "bytes_per_token": {split: float} (tokens format: UTF-8 bytes / tokens, for bits per byte),
               "splits": {split: {"n": tokens | rows, "len": row length (examples only), ...}},
+              "task": {"name": "s5" | "s5_retrieval", "group": str, "k": int (s5_retrieval)} (only the
+              built-in tasks whose labels follow from the input: what task_labels needs to recompute them),
               "args": the options used, "version": 1}
   tokens     {split}.bin, split in (train, val): one flat token stream in `dtype` (np.memmap it).
              gpt2 corpora: every document is PRECEDED by <|endoftext|>, so the reset token starts it.
@@ -132,9 +134,11 @@ def split_files(meta, split):
 def load_meta(data_dir):
     """Read and check data_dir/meta.json, and that every file it lists is complete."""
     path = os.path.join(data_dir, 'meta.json')
-    hint = f"run `python prepare.py NAME` first (NAME: {', '.join(TASKS)})"
+    # not only the built-in names: a dataset can be any folder that write_task (or the format above) made
+    hint = (f"run `python prepare.py TASK ...` for a built-in task ({', '.join(TASKS)}), or write your own "
+            f"with prepare.py's write_task (see README 'Add your own task')")
     if not os.path.isdir(data_dir):
-        raise DataError(f"no dataset folder {data_dir}: {hint}")
+        raise DataError(f"no dataset at {data_dir} (no such folder, so no meta.json): {hint}")
     if not os.path.isfile(path):
         raise DataError(f"{data_dir} has no meta.json (never prepared, or the preparation was interrupted): {hint}")
     try:
@@ -358,9 +362,11 @@ def parse_lens(s, what):
         raise DataError(f"--{what}={s}: expected a comma list of integers, e.g. 48,64") from None
 
 
-def write_task(out_dir, cfg, name, itos, make_gen, sizes):
+def write_task(out_dir, cfg, name, itos, make_gen, sizes, **extra):
     """Write the splits of a synthetic task and its meta. sizes: [(split, n, length param)],
-    make_gen(length param) -> generate(rng, rows)."""
+    make_gen(length param) -> generate(rng, rows) -> (x, y), two (rows, length) int arrays:
+    token ids (indices into itos) and aligned labels (-1 = none). cfg: the options (saved
+    as meta 'args'; needs 'seed'). extra: more meta entries (e.g. task=...)."""
     begin_dataset(out_dir)
     dtype = dtype_for(len(itos))
     splits = {}
@@ -368,7 +374,7 @@ def write_task(out_dir, cfg, name, itos, make_gen, sizes):
         splits[split] = write_examples(out_dir, split, make_gen(param), n, dtype, cfg['seed'])
         splits[split]['param'] = param
     write_meta(out_dir, dict(name=name, format='examples', vocab_size=len(itos), dtype=dtype, tokenizer='task',
-                             itos=itos, reset_token=None, splits=splits, args=cfg))
+                             itos=itos, reset_token=None, splits=splits, args=cfg, **extra))
     return splits
 
 
@@ -441,7 +447,8 @@ def prepare_s5(cfg):
 
     name = f"s5_{cfg['group']}"
     out_dir = cfg['out_dir'] or os.path.join(DATA_DIR, name)
-    write_task(out_dir, cfg, name, names, make_gen, task_sizes(cfg, cfg['train_len'], parse_lens(cfg['test_lens'], 'test_lens')))
+    write_task(out_dir, cfg, name, names, make_gen, task_sizes(cfg, cfg['train_len'], parse_lens(cfg['test_lens'], 'test_lens')),
+               task=dict(name='s5', group=cfg['group']))
     return out_dir
 
 # -----------------------------------------------------------------------------
@@ -489,8 +496,56 @@ def prepare_s5_retrieval(cfg):
     name = f"s5_retrieval_{cfg['group']}"
     out_dir = cfg['out_dir'] or os.path.join(DATA_DIR, name)
     sizes = task_sizes(cfg, cfg['n_actions'], parse_lens(cfg['test_actions'], 'test_actions'))
-    write_task(out_dir, cfg, name, itos, make_gen, sizes)
+    write_task(out_dir, cfg, name, itos, make_gen, sizes, task=dict(name='s5_retrieval', group=cfg['group'], k=k))
     return out_dir
+
+
+def task_labels(meta, ids):
+    """The true labels of an input (token ids) of a task whose labels follow from its input, as
+    meta['task'] records it (s5, s5_retrieval): what the generator would have stored as y for a
+    row (or a prefix of one) with these tokens. -> list of ints (-1 = unlabelled), or None for
+    any other task, a meta.json written before meta['task'] existed, or an input that is not
+    (a prefix of) a row of the task. sample.py shows these next to the model's predictions."""
+    task = meta.get('task') or {}
+    if task.get('name') not in ('s5', 's5_retrieval') or not len(ids):
+        return None
+    names, mul = make_group(task['group'])
+    G = len(names)
+    if task['name'] == 's5':
+        x = np.asarray(ids, dtype=np.int64)
+        return running_product(mul, x[None])[0].tolist() if x.max() < G else None
+    return retrieval_labels([int(t) for t in ids], G, task['k'], mul)
+
+
+def retrieval_labels(x, G, k, mul):
+    """s5_retrieval's labels for a prefix x of a row (layout in prepare_s5_retrieval), read
+    position by position (the generator builds whole rows at once: the tests compare the two).
+    None where x breaks the layout (dictionary entries, separator, move/blank pattern)."""
+    SEP, BLANK, D = G + len(VALUE_CHARS), G + len(VALUE_CHARS) + 1, G * (k + 1)
+    value, y, state = {}, [], None
+    for p, tok in enumerate(x):
+        if p < D:  # the dictionary: element, then its k value characters
+            j, e = p % (k + 1), p - p % (k + 1)
+            if j == 0 and (tok >= G or tok in value) or j > 0 and not G <= tok < SEP:
+                return None
+            if j == k:
+                value[x[e]] = x[e + 1:p + 1]
+            y.append(-1)
+        elif p == D:
+            if tok != SEP:
+                return None
+            y.append(-1)
+        elif (p - D - 1) % (k + 1) == 0:  # a move: the label is the state after it
+            if tok >= G:
+                return None
+            state = tok if state is None else int(mul[state, tok])
+            y.append(state)
+        else:  # a blank: the next value character of the current state
+            if tok != BLANK:
+                return None
+            y.append(value[state][(p - D - 1) % (k + 1) - 1])
+    return y
+
 
 # -----------------------------------------------------------------------------
 # task 3: varassign, variable assignment chains

@@ -5,6 +5,8 @@ $ python sample.py --out_dir=out --start="ROMEO:"              # 3 samples from 
 $ python sample.py --out_dir=out --ckpt=best                   # from out/best.pt (best exact val loss)
 $ python sample.py --out_dir=out --start=FILE:prompt.txt --num_samples=1   # streams tokens
 $ python sample.py --out_dir=out-s5 --eval_split=test_64       # token accuracy / exact match
+$ python sample.py --out_dir=out-s5 --start="0 1 1 0"         # task data: predicted vs true label per position
+$ python sample.py --out_dir=out-s5 --show_split=test_64 --show_row=3   # the same for a stored row
 $ python sample.py --init_from=scratch --dataset=s5_Z2 --start="0 1 1"     # untrained smoke test
 $ python sample.py --out_dir=out/retrofit_tiny --eval_answers=test --max_new_tokens=16   # answer accuracy
 $ python sample.py --out_dir=out-s5 --trace=trace.png --trace_split=test --trace_row=0   # the state at work
@@ -15,6 +17,15 @@ cache and the recurrent state. With num_samples=1 the same loop runs here, token
 token, so the text can be printed as it is produced. Datasets whose documents start with
 a reset token (gpt2 corpora: <|endoftext|>) get it in front of the prompt, as in training.
 Samples go to stdout, each followed by a line of dashes; notes go to stderr.
+
+Labelled task data (prepare.py s5, s5_retrieval, varassign, your own write_task: tokenizer 'task')
+is not sampled: its targets are labels, not the next input, so feeding a predicted label back
+as the next token means nothing. Instead the input (--start, space-separated token names, or
+row show_row of split show_split) goes through ONE teacher-forced forward pass, with the exact
+recurrence for a recurrent model (mode='exact', what generation computes), and a table shows
+per position the input token, the predicted label and the true label (* = wrong), then the
+accuracy over the labelled positions. True labels: the split's stored ones, or for a --start
+input of s5 / s5_retrieval recomputed from it (prepare.task_labels); other tasks show none.
 
 Prompt/response data (prepare.py jsonl, gsm8k: the recurrence runs on the response only) is
 prefilled plainly by default, as it was trained. --eval_answers=SPLIT generates a greedy
@@ -40,7 +51,7 @@ import torch
 
 from configurator import configure, fail
 from model import GPT, GPTConfig, CheckpointError, CompileError, load_checkpoint
-from prepare import load_meta, load_split, load_answers, get_tokenizer, extract_answer, check_hub
+from prepare import load_meta, load_split, load_answers, get_tokenizer, extract_answer, check_hub, task_labels
 
 # -----------------------------------------------------------------------------
 out_dir = 'out'
@@ -68,6 +79,8 @@ attn_window = -1         # >= 0: run with this attention window instead of the m
 trace = ''               # e.g. trace.png: gate and state trace of one input (also writes trace.json)
 trace_split = ''         # the trace's input: a row of this task split (with its labels); '' = the --start prompt
 trace_row = 0
+show_split = ''          # task data: show this split's row show_row (with its stored labels) instead of the --start input
+show_row = 0
 compile = False          # torch.compile the decode step and the exact prefill's span step (compiled once, then fast)
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
@@ -124,7 +137,8 @@ def encode_prompt(text, meta, encode):
     if reset is not None and (not ids or ids[0] != reset):
         return [reset] + ids, 1
     if not ids:
-        hint = f" (tokens of {meta['name']}, space-separated: {' '.join(meta['itos'][:8])} ...)" if meta['tokenizer'] == 'task' else ''
+        hint = (f" (tokens of {meta['name']}, space-separated: {' '.join(meta['itos'][:8])} ...), "
+                f"or --show_split=test --show_row=0 for a stored row") if meta['tokenizer'] == 'task' else ''
         fail(f"the prompt is empty: give one with --start=...{hint}")
     return ids, 0
 
@@ -213,6 +227,63 @@ def evaluate_answers(model, data_dir, meta, split, max_new_tokens, batch_size, d
     print(f"{meta['name']} {split}: {n} prompts, greedy, prefill {prefill}, <= {max_new_tokens} new tokens: "
           f"answer accuracy {right / n:.4f} ({right}/{n})  [{time.time() - t0:.1f}s]")
     return right / n, texts, preds
+
+
+# -----------------------------------------------------------------------------
+# labelled task data: predicted vs true label at every position of one input
+
+def split_row(data_dir, meta, split, row, what):
+    """-> (ids, labels) of row `row` of task split `split`; bad names: one line and exit 2."""
+    if meta['format'] != 'examples':
+        fail(f"{what}_split needs a task dataset (examples format); {meta['name']} is a token corpus")
+    if split not in meta['splits']:
+        fail(f"no split {split!r} in {meta['name']} (it has {', '.join(meta['splits'])})")
+    X, Y = load_split(data_dir, split, meta)
+    if not 0 <= row < len(X):
+        fail(f"{what}_row={row} is out of range: split {split} has {len(X)} rows")
+    return X[row].astype(np.int64).tolist(), Y[row].astype(np.int64).tolist()
+
+
+@torch.no_grad()
+def show_labels(model, ids, labels, name, title, ctx):
+    """One teacher-forced forward over ids (exact recurrence, or the plain forward of a model
+    without one) and a table: position, input token, predicted label, true label (labels: -1 =
+    unlabelled; None = unknown, no such column), * where they differ. Runs of unlabelled
+    positions are folded into one line. -> (right, labelled)."""
+    if len(ids) > model.config.block_size:
+        fail(f"the input has {len(ids)} tokens, more than the model's block_size {model.config.block_size}")
+    rec = model.config.recurrence != 'none'
+    idx = torch.tensor([ids], dtype=torch.long, device=model.lm_head.weight.device)
+    with ctx:
+        logits, _ = model(idx, mode='exact')  # 'exact' is the plain forward for a model without recurrence
+    pred = logits[0].argmax(-1).tolist()
+    how = f"exact recurrence ({model.config.recurrence}, mode='exact')" if rec else "plain forward (no recurrence)"
+    print(f"{title}: {len(ids)} tokens, teacher-forced, one forward, {how}")
+    w = max(5, max(len(name(t)) for t in ids + pred + [l for l in labels or [] if l >= 0]))
+    print((f"{'pos':>7}  {'input':<{w}}  {'pred':<{w}}" + (f"  {'true':<{w}}" if labels else '')).rstrip())
+    right = labelled = t = 0
+    while t < len(ids):
+        if labels and labels[t] < 0:  # fold a run of unlabelled positions (s5_retrieval's dictionary)
+            end = t
+            while end + 1 < len(ids) and labels[end + 1] < 0:
+                end += 1
+            if end > t:
+                print(f"{f'{t}-{end}':>7}  ({end - t + 1} unlabelled positions)")
+                t = end + 1
+                continue
+        row = f"{t:>7}  {name(ids[t]):<{w}}  {name(pred[t]):<{w}}"
+        if labels:
+            ok = labels[t] < 0 or pred[t] == labels[t]
+            row += f"  {name(labels[t]) if labels[t] >= 0 else '-':<{w}}" + ('' if ok else '  *')
+            right, labelled = right + (labels[t] >= 0 and ok), labelled + (labels[t] >= 0)
+        print(row.rstrip())
+        t += 1
+    if labelled:
+        print(f"accuracy {right}/{labelled} = {right / labelled:.4f} over the labelled positions "
+              f"({'exact recurrence' if rec else 'plain forward'}; * = wrong)")
+    elif labels:
+        print("no labelled positions in this input")
+    return right, labelled
 
 
 # -----------------------------------------------------------------------------
@@ -356,6 +427,8 @@ if __name__ == '__main__':
         fail("give eval_split (teacher-forced token accuracy) or eval_answers (generated answers), not both")
     if trace and (eval_split or eval_answers):
         fail("give trace or eval_split/eval_answers, not both")
+    if show_split and (trace or eval_split or eval_answers):
+        fail("give show_split (one row, label by label) or trace/eval_split/eval_answers, not both")
     if num_samples < 1 or max_new_tokens < 1 or eval_batch_size < 1:
         fail("num_samples, max_new_tokens and eval_batch_size must be >= 1")
     if temperature < 0:
@@ -398,18 +471,12 @@ if __name__ == '__main__':
 
     if trace:
         if trace_split:
-            if meta['format'] != 'examples':
-                fail(f"trace_split needs a task dataset (examples format); {meta['name']} is a token corpus")
-            if trace_split not in meta['splits']:
-                fail(f"no split {trace_split!r} in {meta['name']} (it has {', '.join(meta['splits'])})")
-            X, Y = load_split(data_dir, trace_split, meta)
-            if not 0 <= trace_row < len(X):
-                fail(f"trace_row={trace_row} is out of range: split {trace_split} has {len(X)} rows")
-            ids, labels = X[trace_row].astype(np.int64).tolist(), Y[trace_row].astype(np.int64).tolist()
+            ids, labels = split_row(data_dir, meta, trace_split, trace_row, 'trace')
             title = f"{meta['name']} {trace_split} row {trace_row}"
         else:
             ids, _ = encode_prompt(read_prompt(start), meta, encode)
-            labels = ids[1:] + [-1] if meta['format'] != 'examples' else None  # a corpus: the next token
+            # a corpus: the next token; a task: the labels if they follow from the input (s5), else none
+            labels = ids[1:] + [-1] if meta['format'] != 'examples' else task_labels(meta, ids)
             title = f"{meta['name']}: {start[:40]}"
         run_trace(model, ids, labels, trace, f"{model.config.recurrence} (s={model.config.rec_start}, "
                   f"e={model.config.rec_end}), {title}")
@@ -423,6 +490,23 @@ if __name__ == '__main__':
         evaluate_answers(model, data_dir, meta, eval_answers, max_new_tokens, eval_batch_size, device, ctx, prefill,
                          decode, eval_n)
         sys.exit(0)
+    if meta['format'] == 'examples' and meta['tokenizer'] == 'task':
+        # a labelled task: a predicted label is no next input, so show the labels teacher-forced instead
+        if show_split:
+            ids, labels = split_row(data_dir, meta, show_split, show_row, 'show')
+            title = f"{meta['name']} {show_split} row {show_row}"
+        else:
+            ids, _ = encode_prompt(read_prompt(start), meta, encode)
+            labels, title = task_labels(meta, ids), meta['name']
+            if labels is None:
+                print(f"note: no true labels for {meta['name']}: they are recomputed only for s5 and s5_retrieval data "
+                      f"prepared by this version (meta.json 'task') and an input in the task's layout; "
+                      f"--show_split=SPLIT --show_row=N shows a stored row with its labels", file=sys.stderr)
+        show_labels(model, ids, labels, lambda i: decode([i]), title, ctx)
+        sys.exit(0)
+    if show_split:
+        fail(f"show_split needs a labelled task dataset (prepare.py s5, s5_retrieval, varassign, write_task); "
+             f"{meta['name']} is not: sample it with --start=...")
 
     ids, skip = encode_prompt(read_prompt(start), meta, encode)
     if len(ids) + max_new_tokens > model.config.block_size:

@@ -1,13 +1,18 @@
-"""sample.py: through its CLI on a tiny prepared dataset and a checkpoint made here
-(no train.py): sample counts and lengths, --start=FILE:, one-line checkpoint errors,
-eval_split; and the streaming loop gives exactly model.generate's tokens."""
+"""sample.py: through its CLI on tiny prepared datasets and checkpoints made here
+(no train.py): task data shown label by label (teacher-forced, true labels recomputed),
+sample counts and lengths on a corpus, --start=FILE:, one-line checkpoint and missing-dataset
+errors, eval_split; and the streaming loop gives exactly model.generate's tokens."""
 
+import contextlib
 import dataclasses
+import io
 import os
 import re
+import runpy
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -44,31 +49,145 @@ def run(*args, cwd=None):
     return subprocess.run([sys.executable, SAMPLE, *args], capture_output=True, text=True, cwd=cwd or REPO, timeout=120)
 
 
+def run_here(*args):
+    """sample.py's __main__ in this process (no new interpreter, so a few tenths of a second)
+    -> (exit code, stdout, stderr); a SystemExit('error: ...') prints as the interpreter would."""
+    argv, out, err, code = sys.argv, io.StringIO(), io.StringIO(), 0
+    try:
+        sys.argv = ['sample.py', *args]
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                runpy.run_path(SAMPLE, run_name='__main__')
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+                if isinstance(e.code, str):
+                    print(e.code, file=sys.stderr)
+    finally:
+        sys.argv = argv
+    return code, out.getvalue(), err.getvalue()
+
+
+def error_line(err):
+    """The one error line that ends stderr (after the notes); no traceback."""
+    lines = err.strip().splitlines()
+    assert lines and lines[-1].startswith('error: ') and 'Traceback' not in err, err
+    return lines[-1]
+
+
+def table(stdout):
+    """The per-position rows of a label table -> [(pos, input, pred, true or None, wrong)]."""
+    rows = []
+    for line in stdout.splitlines():
+        m = re.fullmatch(r' *(\d+)  (\S+) +(\S+)(?: +([^\s*]+))?( +\*)?', line)
+        if m:
+            rows.append((int(m.group(1)), m.group(2), m.group(3), m.group(4), bool(m.group(5))))
+    return rows
+
+
 def samples(stdout):
     blocks = stdout.split(SEP + '\n')
     assert blocks[-1] == ''
     return [b.strip() for b in blocks[:-1]]
 
 
-def test_samples_and_prompt_file(setup):
+def test_task_data_is_shown_not_sampled(setup):
     root, data = setup
-    # the dataset comes from the checkpoint's config (data_root + dataset)
-    r = run(f'--out_dir={root}', '--start=0 1 1', '--num_samples=3', '--max_new_tokens=7')
+    # the dataset comes from the checkpoint's config (data_root + dataset); the CLI once, for real
+    r = run(f'--out_dir={root}', '--start=0 1 1 0 1', '--num_samples=3', '--max_new_tokens=7')
     assert r.returncode == 0, r.stderr
-    out = samples(r.stdout)
-    assert len(out) == 3
-    for s in out:
-        words = s.split()
-        assert words[:3] == ['0', '1', '1'] and len(words) == 3 + 7 and set(words) <= {'0', '1'}
-    # one sample streams; the prompt from a file; --dataset given explicitly
+    assert SEP not in r.stdout and 'exact recurrence' in r.stdout.splitlines()[0]
+    rows = table(r.stdout)
+    assert [(p, i, t) for p, i, _, t, _ in rows] == list(zip(range(5), '0 1 1 0 1'.split(), '0 1 0 0 1'.split()))  # parity
+    # the prompt from a file; --dataset given explicitly
     (root / 'prompt.txt').write_text('1 0\n')
-    r = run(f'--init_from={root}/ckpt.pt', f'--dataset={data}', f'--start=FILE:{root}/prompt.txt',
-            '--num_samples=1', '--max_new_tokens=5', '--temperature=0')
-    assert r.returncode == 0, r.stderr
-    out = samples(r.stdout)
-    assert len(out) == 1 and out[0].split()[:2] == ['1', '0'] and len(out[0].split()) == 2 + 5
+    code, out, err = run_here(f'--init_from={root}/ckpt.pt', f'--dataset={data}', f'--start=FILE:{root}/prompt.txt')
+    assert code == 0, err
+    assert [(i, t) for _, i, _, t, _ in table(out)] == [('1', '1'), ('0', '1')]
     with pytest.raises(SystemExit):
         read_prompt(f'FILE:{root}/nope.txt')
+    # no input: one line that names both ways to give one
+    code, _, err = run_here(f'--out_dir={root}')
+    assert code == 2 and error_line(err).startswith('error: the prompt is empty'), err
+    assert '--start=' in error_line(err) and '--show_split=' in error_line(err)
+
+
+@pytest.fixture(scope='module')
+def s3(tmp_path_factory):
+    """A tiny s5 S3 dataset, and untrained T2MLR and plain checkpoints of its vocabulary. The T2MLR
+    gates are opened (at init tanh(g) = 0 and the exact forward is the plain one), so the exact
+    recurrence's predictions differ from a plain forward's and the test can tell them apart."""
+    root = tmp_path_factory.mktemp('s3')
+    data = str(root / 's5_S3')
+    prepare.main(['s5', '--group=S3', '--n_train=8', '--n_val=4', '--n_test=6', '--train_len=8',
+                  '--test_lens=12', f'--out_dir={data}'])
+    ckpts = {}
+    for rec in ('t2mlr', 'none'):
+        m = tiny_gpt(6, rec, seed=2)
+        if m.fusion is not None:
+            with torch.no_grad():
+                m.fusion.g_cur.fill_(1.0)
+                m.fusion.g_rec.fill_(3.0)
+        ckpts[rec] = str(root / f'{rec}.pt')
+        save_checkpoint({'model': m.state_dict(), 'model_args': dataclasses.asdict(m.config),
+                         'config': {'dataset': 's5_S3', 'data_root': str(root)}}, ckpts[rec])
+    return data, ckpts
+
+
+@pytest.mark.parametrize('rec', ['t2mlr', 'none'])
+def test_show_labels_s3(s3, rec):
+    from model import load_checkpoint
+    data, ckpts = s3
+    meta = prepare.load_meta(data)
+    names, mul = prepare.make_group('S3')
+    word = np.random.default_rng(5).integers(0, 6, size=10)
+    code, out, err = run_here(f'--init_from={ckpts[rec]}', '--start=' + ' '.join(names[i] for i in word))
+    assert code == 0, err
+    # the true column is the running product of the input; the prediction is the exact forward's argmax
+    model, _ = load_checkpoint(ckpts[rec])
+    pred = model.eval()(torch.tensor(word[None]), mode='exact')[0].argmax(-1)[0].tolist()
+    if rec == 't2mlr':  # the state matters here: a plain forward would show other predictions
+        assert pred != model(torch.tensor(word[None]), mode='plain')[0].argmax(-1)[0].tolist()
+    want = [names[i] for i in prepare.running_product(mul, word[None])[0]]
+    rows = table(out)
+    assert [r[0] for r in rows] == list(range(10)) and [r[1] for r in rows] == [names[i] for i in word]
+    assert [r[3] for r in rows] == want and [r[2] for r in rows] == [names[i] for i in pred]
+    assert [r[4] for r in rows] == [r[2] != r[3] for r in rows]
+    right = sum(not r[4] for r in rows)
+    assert f'accuracy {right}/10 = {right / 10:.4f} over the labelled positions' in out
+    # only a recurrent model says exact recurrence
+    assert ('exact recurrence' in out) == (rec == 't2mlr') and ('plain forward' in out) == (rec == 'none')
+    # a stored row: its stored labels
+    code, out, err = run_here(f'--init_from={ckpts[rec]}', '--show_split=test_12', '--show_row=3')
+    assert code == 0, err
+    x, y = prepare.load_split(data, 'test_12', meta)
+    rows = table(out)
+    assert 'test_12 row 3' in out and [r[1] for r in rows] == [names[i] for i in x[3]]
+    assert [r[3] for r in rows] == [names[i] for i in y[3]]
+
+
+@pytest.mark.parametrize('args,msg', [(['--show_split=nope'], "no split 'nope'"),
+                                      (['--show_split=test', '--show_row=6'], 'show_row=6 is out of range'),
+                                      (['--show_split=test', '--eval_split=test'], 'not both'),
+                                      (['--start=012 999'], "'999' is not in the vocabulary")])
+def test_show_labels_errors_are_one_line(s3, args, msg):
+    code, _, err = run_here(f'--init_from={s3[1]["t2mlr"]}', *args)
+    assert code in (1, 2) and msg in error_line(err), err
+
+
+def test_missing_dataset_message(tmp_path):
+    # it names the built-in tasks and says a dataset can be your own (write_task), not only those
+    with pytest.raises(prepare.DataError) as e:
+        prepare.load_meta(str(tmp_path / 'mine'))
+    msg = str(e.value.code)
+    assert msg.startswith(f"error: no dataset at {tmp_path / 'mine'}") and 'meta.json' in msg
+    assert 'python prepare.py TASK' in msg and 's5_retrieval' in msg and 'write_task' in msg
+    assert "README 'Add your own task'" in msg
+    (tmp_path / 'mine').mkdir()  # a folder without meta.json: the same hint
+    with pytest.raises(prepare.DataError, match="no meta.json.*write_task"):
+        prepare.load_meta(str(tmp_path / 'mine'))
+    # sample.py prints it as one line (train.py calls the same load_meta and prints the same)
+    code, _, err = run_here('--init_from=scratch', f'--data_root={tmp_path}', '--dataset=nothere')
+    assert code == 1 and err.count('\n') == 1 and 'no dataset at' in err and 'write_task' in err, err  # no notes before it
 
 
 def test_bad_checkpoint_is_one_line(setup, tmp_path):
@@ -131,6 +250,19 @@ def test_char_dataset_and_scratch(tmp_path):
     assert r.returncode == 0, r.stderr
     out = r.stdout.split(SEP + '\n')
     assert len(out) == 2 and out[0].startswith('hello') and len(out[0]) == len('hello') + 9 + 1  # + the final newline
+
+
+def test_corpus_is_still_sampled(tmp_path):
+    # a token corpus is sampled as before: several samples at once, each the prompt and its new tokens
+    src = tmp_path / 'tiny.txt'
+    src.write_text('\n\n'.join(f'hello world {i}' for i in range(20)))
+    data = str(tmp_path / 'tiny')
+    prepare.main(['text', f'--input={src}', f'--out_dir={data}', f'--cache_dir={tmp_path}/hf'])
+    code, out, err = run_here('--init_from=scratch', f'--dataset={data}', '--start=hello', '--num_samples=3',
+                              '--max_new_tokens=7')
+    assert code == 0, err
+    out = samples(out)
+    assert len(out) == 3 and all(s.startswith('hello') and len(s) <= len('hello') + 7 for s in out)
 
 
 def test_prompt_gets_the_reset_token():
