@@ -48,6 +48,7 @@ class GPTConfig:
     n_embd: int = 768
     mlp_hidden: int = 0         # SwiGLU hidden width; 0 = 8/3 * n_embd rounded up to 64
     rope_theta: float = 10000.0
+    rope: bool = True           # False: no positional encoding at all (NoPE; the official S5-Retrieval recipe)
     norm_eps: float = 1e-5
     dropout: float = 0.0
     tie_embeddings: bool = True
@@ -353,6 +354,8 @@ class GPT(nn.Module):
             dkv = c.n_kv_head * (c.n_embd // c.n_head)
             self.lrt_fb = nn.ModuleList([nn.Linear(c.n_embd, 2 * dkv, bias=False) for _ in range(n)])
         cos, sin = rope_tables(c.n_embd // c.n_head, c.block_size, c.rope_theta)
+        if not c.rope:  # NoPE: rotate by angle 0 (cos 1, sin 0), so apply_rope is the identity, exactly
+            cos, sin = torch.ones_like(cos), torch.zeros_like(sin)
         self.register_buffer('rope_cos', cos, persistent=False)
         self.register_buffer('rope_sin', sin, persistent=False)
         self._init_weights()

@@ -177,6 +177,8 @@ def evaluate(model, data_dir, meta, split, batch_size, device, ctx):
     if T > model.config.block_size:
         fail(f"split {split} has rows of length {T}, more than the model's block_size {model.config.block_size}")
     correct = labelled = exact = 0
+    pos_right, pos_n = torch.zeros(T), torch.zeros(T)  # per position, over rows
+    kept = prev_right = 0  # labelled pairs (t-1, t): right at t-1, and right at both
     t0 = time.time()
     for i in range(0, n, batch_size):
         x = torch.from_numpy(np.asarray(X[i:i + batch_size], dtype=np.int64)).to(device)
@@ -188,9 +190,22 @@ def evaluate(model, data_dir, meta, split, batch_size, device, ctx):
         correct += right.sum().item()
         labelled += mask.sum().item()
         exact += (right.sum(1) == mask.sum(1)).sum().item()
+        pos_right += right.sum(0).cpu().float()
+        pos_n += mask.sum(0).cpu().float()
+        both = mask[:, 1:] & mask[:, :-1]
+        prev_right += (right[:, :-1] & both).sum().item()
+        kept += (right[:, 1:] & right[:, :-1] & both).sum().item()
     print(f"{meta['name']} {split}: {n} rows x {T} tokens, exact recurrence: "
           f"token accuracy {correct / max(labelled, 1):.4f} ({correct}/{labelled}), "
           f"exact match {exact / n:.4f} ({exact}/{n})  [{time.time() - t0:.1f}s]")
+    # where the errors are: accuracy by position, and how often a right label is followed by
+    # a right one. A state tracker that learned the step with accuracy p decays like p^t;
+    # p = 1 and a flat profile is a solved task
+    at = [t for t in range(0, T, max(1, T // 8)) if pos_n[t] > 0]
+    if at:
+        print("  accuracy by position: " + '  '.join(f"{t}:{pos_right[t] / pos_n[t]:.2f}" for t in at))
+    if prev_right:
+        print(f"  step accuracy (right at t, given right at t-1): {kept / prev_right:.4f}")
     return correct / max(labelled, 1), exact / n
 
 

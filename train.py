@@ -84,6 +84,7 @@ n_kv_head = 4
 n_embd = 64
 mlp_hidden = 0           # 0 = 8/3 n_embd rounded up to 64
 rope_theta = 10000.0
+rope = True              # False: no positional encoding (NoPE; the causal mask alone tells positions apart)
 norm_eps = 1e-5
 dropout = 0.0
 tie_embeddings = True
@@ -299,7 +300,7 @@ def train_batches():
 # model, optimizer, resume
 
 model_args = dict(block_size=block_size, vocab_size=meta['vocab_size'], n_layer=n_layer, n_head=n_head,
-                  n_kv_head=n_kv_head, n_embd=n_embd, mlp_hidden=mlp_hidden, rope_theta=rope_theta,
+                  n_kv_head=n_kv_head, n_embd=n_embd, mlp_hidden=mlp_hidden, rope_theta=rope_theta, rope=rope,
                   norm_eps=norm_eps, dropout=dropout, tie_embeddings=tie_embeddings, attn_window=attn_window,
                   recurrence=recurrence,
                   rec_start=rec_start, rec_end=rec_end, reset_token=meta.get('reset_token'),

@@ -170,6 +170,8 @@ def qkv(model, i, a, mem, positions, on=None):
         vr = gl * v + gf * (mem @ W_fb_v.T).view(n, c.n_kv_head, hd)
         k = kr if on is None else torch.where(on[:, None, None], kr, k)
         v = vr if on is None else torch.where(on[:, None, None], vr, v)
+    if not c.rope:  # NoPE
+        return q, k, v
     return rope(q, c.rope_theta, positions), rope(k, c.rope_theta, positions), v
 
 

@@ -315,3 +315,20 @@ def test_attention_window_everywhere(kw):
     # and the window changes the model (it is not silently ignored)
     m.config.attn_window = 0
     assert (m(idx, mode='exact')[0] - exact).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize('kw', [STYLES[1], STYLES[3]], ids=['t2mlr', 'lrt'])
+def test_nope_everywhere(kw):
+    # rope=False (NoPE) is honoured by every path: the naive reference without rotation
+    from reference import naive_exact, naive_interleaved
+    m = make(reset_token=0, rope=False, **kw)
+    idx = doc_tokens()
+    exact = m(idx, mode='exact')[0]
+    torch.testing.assert_close(exact, naive_exact(m, idx), **TOL)
+    out, logits = m.generate(idx[:, :5], 6, temperature=0, return_logits=True)
+    torch.testing.assert_close(logits, m(out, mode='exact')[0][:, :-1], **TOL)
+    torch.testing.assert_close(m(idx, mode='jacobi', n_iter=idx.size(1), n_grad=1)[0], exact, **TOL)
+    torch.testing.assert_close(m(idx, mode='interleaved', n_subsets=2)[0], naive_interleaved(m, idx, 2), **TOL)
+    # and positions no longer enter attention: the same model with RoPE differs
+    m2 = make(reset_token=0, **kw)
+    assert (m2(idx, mode='exact')[0] - exact).abs().max() > 1e-4
