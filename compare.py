@@ -65,17 +65,19 @@ MODELS = {
     'plain_w32': ['config/plain_small.py', '--attn_window=32'],
     't2mlr_full_w32': ['config/t2mlr_small.py', '--attn_window=32'],
     'lrt_jacobi_w32': ['config/lrt_small.py', '--train_mode=jacobi', '--n_iter=8', '--n_grad=4', '--attn_window=32'],
-    # LRT's own scheme with more refinement: R rounds of the S=2 subsets train through
-    # the first R*S positions exactly (model.py forward_interleaved; R=1 is 'lrt')
+    # LRT's own scheme with deeper chains: R rounds of the S=2 subsets train through the
+    # first R*S positions exactly; S = T refines every position once, in order: exact
+    # training with the gradient through the whole chain (model.py forward_interleaved)
     'lrt_w32': ['config/lrt_small.py', '--attn_window=32'],
     'lrt_r4_w32': ['config/lrt_small.py', '--n_rounds=4', '--attn_window=32'],
-    # how much Jacobi depth a task needs: D in {4, 8 (t2mlr_full_w32), 16, 32 = T} at B=4,
-    # and B in {1, 8} at D=8
-    't2mlr_w32_D4': ['config/t2mlr_small.py', '--n_iter=4', '--attn_window=32'],
-    't2mlr_w32_D16': ['config/t2mlr_small.py', '--n_iter=16', '--attn_window=32'],
-    't2mlr_w32_D32': ['config/t2mlr_small.py', '--n_iter=32', '--attn_window=32'],
-    't2mlr_w32_D8B1': ['config/t2mlr_small.py', '--n_grad=1', '--attn_window=32'],
-    't2mlr_w32_D8B8': ['config/t2mlr_small.py', '--n_grad=8', '--attn_window=32'],
+    'lrt_S32_w32': ['config/lrt_small.py', '--n_subsets=32', '--attn_window=32'],
+    # how much Jacobi depth a task needs: D in {4, 8, 16, 32 = T} with gradient through the
+    # last iteration only (B=1); t2mlr_full_w32 is D=8 at B=4
+    't2mlr_w32_D4': ['config/t2mlr_small.py', '--n_iter=4', '--n_grad=1', '--attn_window=32'],
+    't2mlr_w32_D8': ['config/t2mlr_small.py', '--n_iter=8', '--n_grad=1', '--attn_window=32'],
+    't2mlr_w32_D16': ['config/t2mlr_small.py', '--n_iter=16', '--n_grad=1', '--attn_window=32'],
+    't2mlr_w32_D32': ['config/t2mlr_small.py', '--n_iter=32', '--n_grad=1', '--attn_window=32'],
+    't2mlr_w32_D4B4': ['config/t2mlr_small.py', '--n_iter=4', '--n_grad=4', '--attn_window=32'],  # B varied at D=4
 }
 here = os.path.dirname(os.path.abspath(__file__))
 rd = results_dir or out_dir
@@ -126,7 +128,9 @@ def curve(name, seed):
     recs = [json.loads(l) for l in open(os.path.join(out_dir, f'{name}_s{seed}', 'log.jsonl'))]
     evals = [{k: v for k, v in r.items() if k == 'iter' or k == 'val/loss_exact' or k.endswith('/em_exact')}
              for r in recs if r.get('type') == 'eval']
-    return {'eval': evals, 'train': [[r['iter'], r['loss']] for r in recs if r.get('type') == 'train']}
+    ms = sorted(r['dt_ms'] for r in recs if r.get('type') == 'train' and r['iter'] > 0)
+    return {'eval': evals, 'train': [[r['iter'], r['loss']] for r in recs if r.get('type') == 'train'],
+            'ms_per_step': ms[len(ms) // 2] if ms else None}  # the median of the logged steps
 
 
 def plot_curves(plt):
@@ -159,6 +163,52 @@ def plot_curves(plt):
     fig.tight_layout()
     fig.savefig(os.path.join(rd, 'curves.png'), dpi=120)
     print(f"wrote {os.path.join(rd, 'curves.png')}")
+
+
+def plot_depth(plt):
+    """results_dir/depth.png, when the models include a Jacobi-depth sweep (names ending in _D<n>):
+    exact EM at every test length against D (left), and the training cost per step (right):
+    the median measured step time and the model's FLOP count, both relative to the smallest D."""
+    import re
+    sweep = sorted((int(re.search(r'_D(\d+)$', n).group(1)), n) for n in names if re.search(r'_D(\d+)$', n))
+    if len(sweep) < 2:
+        return
+    Ds = [D for D, _ in sweep]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for si, (s, L) in enumerate(zip(splits, lengths)):
+        ms = [summary[n][f'em_exact@{L}'] for _, n in sweep]
+        axes[0].errorbar(Ds, [m for m, _ in ms], yerr=[h for _, h in ms], marker='o', capsize=3, label=f'EM@{L}')
+    axes[0].set_xscale('log', base=2)
+    axes[0].set_xticks(Ds, [str(D) for D in Ds])
+    axes[0].set_xlabel(f'Jacobi iterations D (train length {lengths[0]})')
+    axes[0].set_ylabel('exact match (exact recurrence)')
+    axes[0].set_ylim(-0.05, 1.05)
+    axes[0].legend(fontsize=7)
+    step = [sum(r['curve']['ms_per_step'] for r in results[n]) / len(results[n]) for _, n in sweep]
+    flops = [summary[n]['flops_per_token'] for _, n in sweep]
+    axes[1].plot(Ds, [t / step[0] for t in step], marker='o', label='measured step time (median)')
+    axes[1].plot(Ds, [f / flops[0] for f in flops], marker='s', ls='--', label='FLOPs per step (model count)')
+    axes[1].set_xscale('log', base=2)
+    axes[1].set_xticks(Ds, [str(D) for D in Ds])
+    axes[1].set_xlabel('Jacobi iterations D')
+    axes[1].set_ylabel(f'training cost per step, relative to D={Ds[0]}')
+    axes[1].legend(fontsize=7)
+    fig.suptitle(f'{dataset}: how much Jacobi depth the task needs', fontsize=9)
+    fig.tight_layout()
+    fig.savefig(os.path.join(rd, 'depth.png'), dpi=120)
+    print(f"wrote {os.path.join(rd, 'depth.png')}")
+
+
+def flops_per_token(name):
+    """The model's FLOPs per trained token under its scheme (model.py flops_per_token), from
+    the first seed's checkpoint config and the scheme arguments of its command."""
+    import torch
+    from model import GPT, GPTConfig
+    ck = torch.load(os.path.join(out_dir, f'{name}_s{seed_list[0]}', 'ckpt.pt'), map_location='cpu', weights_only=False)
+    cfg = ck['config']
+    m = GPT(GPTConfig(**ck['model_args']))
+    return m.flops_per_token(lengths[0], mode=cfg['train_mode'], n_iter=cfg['n_iter'], n_grad=cfg['n_grad'],
+                             n_subsets=cfg['n_subsets'], n_rounds=cfg.get('n_rounds', 1))
 
 
 def mean_spread(xs):
@@ -289,7 +339,7 @@ lengths = [meta['splits'][s]['len'] for s in splits]
 summary = {}
 for name in names:
     rows = results[name]
-    summary[name] = {'seconds': mean_spread([r['seconds'] for r in rows])}
+    summary[name] = {'seconds': mean_spread([r['seconds'] for r in rows]), 'flops_per_token': flops_per_token(name)}
     for s, L in zip(splits, lengths):
         for key in ('em_exact', 'acc_exact', 'em_approx', 'acc_approx'):
             summary[name][f'{key}@{L}'] = mean_spread([r['eval'][f'{s}/{key}'] for r in rows])
@@ -339,3 +389,4 @@ else:
     plot_gates()
     if curve_interval > 0:
         plot_curves(plt)
+    plot_depth(plt)

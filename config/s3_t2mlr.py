@@ -1,0 +1,29 @@
+# T2MLR on the S3 word problem (non-abelian state tracking, 6 elements): the label at each
+# position is the running product of the permutations so far. Trained on lengths 1..32,
+# judged with the exact recurrence at 32, 48 and 64 (README, "Non-abelian groups").
+# Data: python prepare.py s5 --group=S3
+# What made it work on a 2-core CPU: Jacobi with D = 32 = T (every position reads its exact
+# state in training; the gradient through the last iteration only, B = 1). With D = 8 the
+# same model stays near the sign of the permutation (loss ~ ln 3) for 1500 steps.
+out_dir = 'out/s3_t2mlr'
+dataset = 's5_S3'
+n_layer = 4
+n_head = 4
+n_kv_head = 4
+n_embd = 64
+attn_window = 32         # test lengths 48 and 64 see no attention distance unseen in training
+recurrence = 't2mlr'
+rec_start = 0
+rec_end = 3
+train_mode = 'jacobi'
+n_iter = 32
+n_grad = 1
+batch_size = 32
+max_iters = 1500
+learning_rate = 2e-3
+min_lr = 2e-4
+warmup_iters = 50
+eval_interval = 250
+eval_examples = 1000
+eval_examples_mid = 200
+log_interval = 50
