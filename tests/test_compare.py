@@ -63,7 +63,7 @@ def test_compare_curves_and_new_models(tmp_path):
     prep('s5', '--group=S3', '--n_train=64', '--n_val=8', '--n_test=8', '--train_len=8', '--test_lens=12',
          f'--out_dir={tmp_path}/data/s5_S3')
     cmd = [sys.executable, os.path.join(ROOT, 'compare.py'), '--quick=True', '--max_iters=2', '--seeds=1',
-           '--models=lrt_r4_w32,t2mlr_w32_D4,plain_w32', '--dataset=s5_S3', '--curve_interval=1',
+           '--models=lrt_r4_w32,t2mlr_w32_D4,t2mlr_w32_D8,plain_w32', '--dataset=s5_S3', '--curve_interval=1',
            '--curve_examples=4', f'--data_root={tmp_path}/data', f'--out_dir={tmp_path}/cmp',
            f'--results_dir={tmp_path}/evidence/s5_S3']
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
@@ -71,7 +71,10 @@ def test_compare_curves_and_new_models(tmp_path):
     assert '--n_rounds=4' in p.stdout and '--n_iter=4' in p.stdout
     assert not os.path.exists(tmp_path / 'cmp' / 'results.json')  # the tables went to results_dir
     res = json.load(open(tmp_path / 'evidence' / 's5_S3' / 'results.json'))
-    assert res['dataset'] == 's5_S3' and sorted(res['summary']) == ['lrt_r4_w32', 'plain_w32', 't2mlr_w32_D4']
+    assert res['dataset'] == 's5_S3' and sorted(res['summary']) == ['lrt_r4_w32', 'plain_w32', 't2mlr_w32_D4', 't2mlr_w32_D8']
+    # the FLOP count orders the schemes: deeper Jacobi costs more, the plain model least
+    f = {n: s['flops_per_token'] for n, s in res['summary'].items()}
+    assert f['plain_w32'] < f['t2mlr_w32_D4'] < f['t2mlr_w32_D8']
     for name, runs in res['runs'].items():
         ev = runs[0]['curve']['eval']
         assert [e['iter'] for e in ev] == [1, 2]  # an evaluation at every step, the last one final
@@ -79,7 +82,7 @@ def test_compare_curves_and_new_models(tmp_path):
         assert runs[0]['curve']['train'] and runs[0]['eval']['iter'] == 2
     try:
         import matplotlib  # noqa: F401
-        for f in ('curves.png', 'accuracy.png'):
+        for f in ('curves.png', 'accuracy.png', 'depth.png'):
             assert os.path.isfile(tmp_path / 'evidence' / 's5_S3' / f), f
     except ImportError:
         pass
