@@ -126,8 +126,9 @@ def curve(name, seed):
     """The run's learning curve: per evaluation, the step, the exact-recurrence val loss and
     the exact EM on every test split; and per logged step, the training loss."""
     recs = [json.loads(l) for l in open(os.path.join(out_dir, f'{name}_s{seed}', 'log.jsonl'))]
-    evals = [{k: v for k, v in r.items() if k == 'iter' or k == 'val/loss_exact' or k.endswith('/em_exact')}
-             for r in recs if r.get('type') == 'eval']
+    evals = {r['iter']: {k: v for k, v in r.items() if k == 'iter' or k == 'val/loss_exact' or k.endswith('/em_exact')}
+             for r in recs if r.get('type') == 'eval'}  # by step: a later evaluation of a step replaces it
+    evals = [evals[i] for i in sorted(evals)]
     ms = sorted(r['dt_ms'] for r in recs if r.get('type') == 'train' and r['iter'] > 0)
     return {'eval': evals, 'train': [[r['iter'], r['loss']] for r in recs if r.get('type') == 'train'],
             'ms_per_step': ms[len(ms) // 2] if ms else None}  # the median of the logged steps

@@ -89,7 +89,7 @@ def test_compare_curves_and_new_models(tmp_path):
 
 
 @pytest.mark.parametrize('cfg', ['t2mlr_135m_fineweb.py', 'lrt_shared_fineweb.py', 'plain_135m_fineweb.py',
-                                 's5_retrieval_t2mlr.py'])
+                                 's5_retrieval_t2mlr.py', 's3_t2mlr.py', 's3_lrt.py'])
 def test_paper_configs_run_at_reduced_size(tmp_path, cfg):
     text = tmp_path / 'corpus.txt'
     text.write_text('\n\n'.join(f'document {i}: the quick brown fox jumps over the lazy dog.' for i in range(200)))
