@@ -630,7 +630,7 @@ class GPT(nn.Module):
         n_rounds = R > 1 repeats the S refinements R times, each round reading the states
         the previous one left (our extension for deep chains, DESIGN.md 7; R = 1 is the paper,
         S = 1 with R rounds is the official code's full-sequence multi-refine). Exact
-        positions after it: 0..R*S-1, and the gradient runs through all of them.
+        positions after it: the first max(R*S, R+1); the gradient runs through all of them.
         Returns (logits, loss): logits at each position from the last pass that refined it,
         loss = the mean of the 1 + R*S pass losses (L_0 + sum_r sum_i L_ri) / (R*S + 1)."""
         B, T = idx.shape
@@ -659,7 +659,7 @@ class GPT(nn.Module):
                 states = states.slice_scatter(self.next_state(h, st, m), dim=1, start=i, end=T, step=S)
                 out = self.run_blocks(h, self.e + 1, L - 1, P, st, buf, m, kv)
                 logits_i, loss_i = self._logits_loss(out, None if targets is None else targets[:, i::S])
-                logits = logits.slice_scatter(logits_i, dim=1, start=i, end=T, step=S)
+                logits[:, i::S] = logits_i  # in place: a later round overwrites an earlier one
                 losses.append(loss_i)
         # 3. average the R*S + 1 losses
         loss = None if targets is None else sum(losses) / len(losses)
