@@ -11,7 +11,7 @@ What the latent recurrence costs, against the plain GPT, in one run:
 
 Every model is built from the SAME GPTConfig shape, only `recurrence` (and its
 placement) changes, so every ratio is "same backbone, recurrence on / off". Next to
-each measured ratio stands the ratio model.flops_per_token predicts: where the two
+each measured ratio stands the ratio flops.flops_per_token predicts: where the two
 differ, the gap is not arithmetic (Python dispatch, sequential execution, memory).
 
     python bench.py                                # CPU, small model, < 3 min on 2 cores
@@ -23,17 +23,14 @@ differ, the gap is not arithmetic (Python dispatch, sequential execution, memory
 Prints readable tables, then ONE JSON object with every figure on the last line.
 """
 
-import ast
 import json
 import math
 import os
 import platform
 import statistics
-import sys
 import time
-from contextlib import nullcontext
 
-from configurator import parse_bool
+from configurator import autocast, configure, fail
 
 # -----------------------------------------------------------------------------
 # config: every global below can be set by a config file or --key=value
@@ -87,65 +84,12 @@ QUICK = dict(n_layer=4, n_head=2, n_kv_head=2, n_embd=64, vocab_size=256, D=4, B
              batch_size=2, seq_len=32, train_warmup=1, train_reps=2, decode_batches=(1, 2),
              gen_lens=(4, 8), prompt_len=8, decode_reps=2, prefill_len=16, prefill_reps=2)
 # -----------------------------------------------------------------------------
-# nanoGPT-style overrides, but strict: an unknown key or a value of the wrong type is
-# one line on stderr and exit status 2, never a silently ignored typo.
-
 config_keys = [k for k, v in globals().items()
                if not k.startswith('_') and k != 'QUICK' and isinstance(v, (bool, int, float, str, tuple))]
-_explicit = set()
-
-
-def die(msg):
-    print(f"bench.py: {msg}", file=sys.stderr)
-    sys.exit(2)
-
-
-def set_key(key, val, where):
-    if key not in config_keys:
-        die(f"unknown config key {key!r} ({where}); known keys: {', '.join(config_keys)}")
-    default = globals()[key]
-    if isinstance(default, tuple) and type(val) is int:
-        val = (val,)                       # --decode_batches=8 means (8,)
-    if isinstance(default, float) and type(val) is int:
-        val = float(val)                   # --learning_rate=1 is a float
-    if type(val) is not type(default) or (isinstance(val, tuple) and not all(type(x) is int for x in val)):
-        want = 'tuple of ints' if isinstance(default, tuple) else type(default).__name__
-        die(f"{key} ({where}) must be {want}, got {type(val).__name__} {val!r}")
-    globals()[key] = val
-    _explicit.add(key)
-
-
-_args = sys.argv[1:]
-if _args and _args[0] in ('-h', '--help'):
-    print(__doc__.strip())
-    print("\nconfig keys (defaults):\n" + "\n".join(f"  --{k}={globals()[k]!r}" for k in config_keys))
-    sys.exit(0)
-if _args and not _args[0].startswith('--'):
-    _path = _args.pop(0)
-    if not os.path.isfile(_path):
-        die(f"no config file {_path}")
-    _ns = {}
-    try:
-        exec(open(_path).read(), {}, _ns)  # (`compile` is a config key here)
-    except Exception as e:
-        die(f"config file {_path} failed: {type(e).__name__}: {e}")
-    for _k, _v in _ns.items():
-        if not _k.startswith('_') and not callable(_v) and type(_v).__name__ != 'module':
-            set_key(_k, _v, _path)
-for _arg in _args:
-    if not _arg.startswith('--') or '=' not in _arg:
-        die(f"bad argument {_arg!r}: expected --key=value (a config file may only come first)")
-    _k, _s = _arg[2:].split('=', 1)
-    try:
-        _v = ast.literal_eval(_s)
-    except (ValueError, SyntaxError):
-        _v = _s                            # a bare word is a string: --device=cuda
-    if isinstance(globals().get(_k), bool) and parse_bool(_s) is not None:
-        _v = parse_bool(_s)                # --quick=false: the one bool rule of all scripts
-    set_key(_k, _v, 'command line')
+_given = configure(globals(), config_keys, doc=__doc__)  # strict: an unknown key or a wrong type is one line, exit 2
 if quick:
     for _k, _v in QUICK.items():
-        if _k not in _explicit:
+        if _k not in _given:
             globals()[_k] = _v
 config = {k: globals()[k] for k in config_keys}
 
@@ -156,37 +100,39 @@ if plot:
         matplotlib.use('Agg')
         import matplotlib.pyplot as plt
     except ImportError:
-        die("--plot needs matplotlib, which is not installed (pip install matplotlib)")
+        fail("--plot needs matplotlib, which is not installed (pip install matplotlib)")
 device_type = 'cuda' if device.startswith('cuda') else 'cpu'
 if dtype == 'auto':
     dtype = 'bfloat16' if device_type == 'cuda' else 'float32'
 if dtype not in ('float32', 'bfloat16'):
-    die(f"dtype={dtype!r}: expected 'auto', 'float32' or 'bfloat16'")
+    fail(f"dtype={dtype!r}: expected 'auto', 'float32' or 'bfloat16'")
 if D < 1 or not 0 <= B <= D or not 1 <= S <= seq_len:
-    die(f"need D >= 1, 0 <= B <= D, 1 <= S <= seq_len; got D={D}, B={B}, S={S}, seq_len={seq_len}")
+    fail(f"need D >= 1, 0 <= B <= D, 1 <= S <= seq_len; got D={D}, B={B}, S={S}, seq_len={seq_len}")
 for _k in ('batch_size', 'seq_len', 'train_reps', 'decode_reps', 'prefill_reps', 'prefill_len',
            'prefill_batch', 'prompt_len'):
     if globals()[_k] < 1:
-        die(f"{_k}={globals()[_k]} must be >= 1")
+        fail(f"{_k}={globals()[_k]} must be >= 1")
 if not decode_batches or not gen_lens or min(decode_batches + gen_lens) < 1:
-    die("decode_batches and gen_lens must be non-empty tuples of positive ints")
+    fail("decode_batches and gen_lens must be non-empty tuples of positive ints")
 if prefill_iters == -1:
     prefill_iters = D
 if prefill_iters < 1:
-    die(f"prefill_iters={prefill_iters} must be >= 1 (or -1 for D)")
+    fail(f"prefill_iters={prefill_iters} must be >= 1 (or -1 for D)")
 if compile_mode not in ('default', 'reduce-overhead', 'max-autotune'):
-    die(f"compile_mode={compile_mode!r}: expected 'default', 'reduce-overhead' or 'max-autotune'")
+    fail(f"compile_mode={compile_mode!r}: expected 'default', 'reduce-overhead' or 'max-autotune'")
 if compile_backend not in ('inductor', 'eager', 'aot_eager'):
-    die(f"compile_backend={compile_backend!r}: expected 'inductor', 'eager' or 'aot_eager'")
+    fail(f"compile_backend={compile_backend!r}: expected 'inductor', 'eager' or 'aot_eager'")
 
 # torch is imported only now, so that a mistyped argument fails in milliseconds
 # instead of after the seconds torch takes to import
 import torch
 
-from model import GPT, GPTConfig, KVCache, CompileError, HF_LLAMA_NAMES
+from checkpoint import HF_LLAMA_NAMES
+from flops import flops_per_token, rec_flops
+from model import GPT, GPTConfig, KVCache, CompileError
 
 if device_type == 'cuda' and not torch.cuda.is_available():
-    die(f"device={device!r} but torch.cuda.is_available() is False")
+    fail(f"device={device!r} but torch.cuda.is_available() is False")
 # -----------------------------------------------------------------------------
 # setup
 
@@ -197,7 +143,7 @@ if device_type == 'cuda':
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
 ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16}[dtype]
-ctx = nullcontext() if dtype == 'float32' else torch.autocast(device_type=device_type, dtype=ptdtype)
+ctx = autocast(device_type, dtype)
 
 
 def sync():
@@ -223,7 +169,7 @@ def make_model(rec):
         cfg = GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head,
                         n_kv_head=n_kv_head, n_embd=n_embd, recurrence=rec, rec_start=s, rec_end=e)
     except ValueError as err:
-        die(str(err))
+        fail(str(err))
     return GPT(cfg).to(device)
 
 
@@ -341,13 +287,13 @@ for rep in range(train_warmup + train_reps):
             if device_type == 'cuda':  # the step's own memory: activations, grads, temporaries
                 v['mem'].append(torch.cuda.max_memory_allocated(device) - base)
         v['loss'] = loss.item()
-plain_flops = variants[0]['model'].flops_per_token(seq_len, 'plain')
+plain_flops = flops_per_token(variants[0]['model'].config, seq_len, 'plain')
 rows = []
 for v in variants:
     m = v['model']
     with ctx:
         act = activation_bytes(lambda: m(X, Y, mode=v['mode'], **kw))
-    fl = m.flops_per_token(seq_len, v['mode'], **kw)
+    fl = flops_per_token(m.config, seq_len, v['mode'], **kw)
     t = med(v['times'])
     rows.append(dict(name=v['name'], recurrence=v['rec'], mode=v['mode'], step_ms=1e3 * t,
                      step_ms_min=1e3 * min(v['times']), step_ms_max=1e3 * max(v['times']),
@@ -367,7 +313,7 @@ for r in rows:
     pk = '-' if r['step_peak_mem_mb'] is None else f"{r['step_peak_mem_mb']:.1f}"
     print(f"{r['name']:<18} {r['step_ms']:9.1f} {r['tokens_per_s']:9.0f} {r['ratio']:6.2f} {r['flop_ratio']:6.2f} "
           f"{r['achieved_gflops']:8.2f} {r['act_mem_mb']:7.1f} {r['act_mem_ratio']:6.2f} {pk:>8}")
-print("  ratio = measured step time / plain; FLOPs = model.flops_per_token(mode) / plain's; "
+print("  ratio = measured step time / plain; FLOPs = flops.flops_per_token(mode) / plain's; "
       "act MB = tensors saved for backward" + ("; peak MB = cuda max_memory_allocated during the step"
                                                if device_type == 'cuda' else " (peak memory: cuda only)"))
 del variants, train_step
@@ -381,7 +327,7 @@ models = {rec: make_model(rec).eval() for rec in ('none', 't2mlr', 'lrt')}
 NAMES = {'none': 'plain', 't2mlr': 't2mlr', 'lrt': 'lrt'}
 results['models'] = {NAMES[r]: dict(recurrence=r, rec_start=placement[r][0] if r != 'none' else None,
                                     rec_end=placement[r][1] if r != 'none' else None,
-                                    n_params=m.get_num_params(), rec_flops_per_token=m.rec_flops())
+                                    n_params=m.get_num_params(), rec_flops_per_token=rec_flops(m.config))
                      for r, m in models.items()}
 
 
@@ -398,7 +344,7 @@ def run_compiled(fn):
     try:
         return fn()
     except CompileError as e:
-        die(str(e))
+        fail(str(e))
 
 
 def decode_run(m, step, n_gen, toks, prompt):
@@ -406,7 +352,7 @@ def decode_run(m, step, n_gen, toks, prompt):
     compiled); seconds per token. toks: n_gen (B, 1) input tokens, one tensor each."""
     cache = KVCache(n_layer, prompt_len + n_gen)
     with ctx:
-        _, state = m.prefill(prompt, cache, 'exact')
+        _, state, _ = m.prefill(prompt, cache, 'exact')
         sync()
         t0 = time.perf_counter()
         for i in range(n_gen):
@@ -424,7 +370,7 @@ def decode_ops(m, bsz):
     cache = KVCache(n_layer, prompt_len + 1)
     prompt = torch.randint(0, vocab_size, (bsz, prompt_len + 1), device=device)
     with ctx:
-        _, state = m.prefill(prompt[:, :-1], cache, 'exact')
+        _, state, _ = m.prefill(prompt[:, :-1], cache, 'exact')
         return count_ops(lambda: m.decode_step(prompt[:, -1:], POS[prompt_len], state, cache))
 
 
@@ -503,13 +449,13 @@ for bsz in decode_batches:
             for k, run in runs.items():
                 times[k].append(run())
         ctx_len = prompt_len + n_gen / 2  # mean context a decoded token attends over
-        base_fl = models['none'].flops_per_token(ctx_len, 'plain', train=False)
+        base_fl = flops_per_token(models['none'].config, ctx_len, 'plain', train=False)
         ops = {r: decode_ops(m, bsz) for r, m in models.items()}
         for r, m in models.items():
             t = med(times[(r, 'eager')])
             rows.append(dict(model=NAMES[r], batch=bsz, gen_len=n_gen, ms_per_token=1e3 * t,
                              tokens_per_s=bsz / t,
-                             flop_ratio=m.flops_per_token(ctx_len, 'exact', train=False) / base_fl,
+                             flop_ratio=flops_per_token(m.config, ctx_len, 'exact', train=False) / base_fl,
                              ops_per_token=ops[r], ops_ratio=ops[r] / ops['none'],
                              us_per_op=1e6 * t / ops[r]))
             if compile:
@@ -590,11 +536,11 @@ for rep in range(1 + prefill_reps):  # first round = warm-up (and compilation)
         dt = run_compiled(lambda: prefill_run(*c)) if rep == 0 else prefill_run(*c)
         if rep:
             times[c].append(dt)
-base_fl = models['none'].flops_per_token(prefill_len, 'plain', train=False)
+base_fl = flops_per_token(models['none'].config, prefill_len, 'plain', train=False)
 rows = []
 for r, mode in CASES:
     m, t = models[r], med(times[(r, mode)])
-    fl = m.flops_per_token(prefill_len, mode.removesuffix('-compiled'), n_iter=prefill_iters, n_grad=0, train=False)
+    fl = flops_per_token(m.config, prefill_len, mode.removesuffix('-compiled'), n_iter=prefill_iters, n_grad=0, train=False)
     rows.append(dict(model=NAMES[r], mode=mode, n_iter=prefill_iters if mode == 'jacobi' else None,
                      prompt_len=prefill_len, batch=prefill_batch, ms=1e3 * t,
                      tokens_per_s=prefill_batch * prefill_len / t, flop_ratio=fl / base_fl))
@@ -631,7 +577,7 @@ if profile:
         cache = KVCache(n_layer, prompt_len + 1)
         p = torch.randint(0, vocab_size, (1, prompt_len + 1), device=device)
         with ctx:
-            _, st = m.prefill(p[:, :-1], cache, 'exact')
+            _, st, _ = m.prefill(p[:, :-1], cache, 'exact')
             with tprofile(activities=acts) as prof:
                 m.decode_step(p[:, -1:], prompt_len, st, cache)
                 sync()
@@ -643,7 +589,7 @@ if profile:
 
 results['notes'] = dict(
     ratio="measured time / plain model's time; lower is better",
-    flop_ratio="model.flops_per_token(...) / plain's: what the ratio would be if time were proportional to FLOPs",
+    flop_ratio="flops.flops_per_token(...) / plain's: what the ratio would be if time were proportional to FLOPs",
     act_mem_mb="bytes autograd saves for backward in one training forward (per storage, parameters and "
                "buffers excluded; under autocast the low-precision weight copies count too)",
     step_peak_mem_mb="cuda: max_memory_allocated during the step minus what was allocated before it; null on cpu",

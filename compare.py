@@ -28,7 +28,6 @@ every position (model.py's mode='zero'), and redraws gates.png from the logs.
 """
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -200,16 +199,16 @@ def plot_depth(plt):
     print(f"wrote {os.path.join(rd, 'depth.png')}")
 
 
-def flops_per_token(name):
-    """The model's FLOPs per trained token under its scheme (model.py flops_per_token), from
-    the first seed's checkpoint config and the scheme arguments of its command."""
+def flops_of(name):
+    """The model's FLOPs per trained token under its scheme (flops.py), from the first seed's
+    checkpoint config and the scheme arguments of its command."""
     import torch
-    from model import GPT, GPTConfig
+    from flops import flops_per_token
+    from model import GPTConfig
     ck = torch.load(os.path.join(out_dir, f'{name}_s{seed_list[0]}', 'ckpt.pt'), map_location='cpu', weights_only=False)
     cfg = ck['config']
-    m = GPT(GPTConfig(**ck['model_args']))
-    return m.flops_per_token(lengths[0], mode=cfg['train_mode'], n_iter=cfg['n_iter'], n_grad=cfg['n_grad'],
-                             n_subsets=cfg['n_subsets'], n_rounds=cfg.get('n_rounds', 1))
+    return flops_per_token(GPTConfig(**ck['model_args']), lengths[0], mode=cfg['train_mode'], n_iter=cfg['n_iter'],
+                           n_grad=cfg['n_grad'], n_subsets=cfg['n_subsets'], n_rounds=cfg.get('n_rounds', 1))
 
 
 def mean_spread(xs):
@@ -268,15 +267,14 @@ def plot_gates():
 def reliance_table():
     """Exact vs zero-state loss, accuracy and EM on the test split at the training length, from
     the runs' checkpoints. -> (markdown table, {name: [per-seed dicts]})."""
-    import numpy as np
-    import torch
-    from model import CheckpointError, load_checkpoint, ce_loss
-    from prepare import load_meta, load_split
+    from checkpoint import CheckpointError, load_checkpoint
+    from dataset import load_meta, load_split
+    from diagnostics import task_accuracy
     data_dir = os.path.join(data_root, dataset)
     meta = load_meta(data_dir)
     split = min((s for s in meta['splits'] if s.startswith('test')), key=lambda s: meta['splits'][s]['len'])
     X, Y = load_split(data_dir, split, meta)
-    X, Y = torch.from_numpy(X[:1000].astype(np.int64)), torch.from_numpy(Y[:1000].astype(np.int64))
+    X, Y = X[:1000], Y[:1000]
     runs = {}
     for name in names:
         for seed in seed_list:
@@ -289,17 +287,8 @@ def reliance_table():
             model.eval()
             row = {'seed': seed}
             for mode in ('exact', 'zero'):
-                loss = right = em = 0.0
-                with torch.no_grad():
-                    for i in range(0, len(X), 250):
-                        x, y = X[i:i + 250], Y[i:i + 250]
-                        logits, _ = model(x, mode=mode)
-                        loss += ce_loss(logits, y).item() * (y != -1).sum().item()
-                        ok = (logits.argmax(-1) == y) | (y == -1)
-                        right += (ok & (y != -1)).sum().item()
-                        em += ok.all(1).sum().item()
-                n = (Y != -1).sum().item()
-                row.update({f'loss_{mode}': loss / n, f'acc_{mode}': right / n, f'em_{mode}': em / len(X)})
+                r = task_accuracy(model, X, Y, mode=mode, batch_size=250)
+                row.update({f'loss_{mode}': r['loss'], f'acc_{mode}': r['acc'], f'em_{mode}': r['em']})
             print(f"{name} seed {seed}: {row}", flush=True)
             runs.setdefault(name, []).append(row)
     L = meta['splits'][split]['len']
@@ -340,7 +329,7 @@ lengths = [meta['splits'][s]['len'] for s in splits]
 summary = {}
 for name in names:
     rows = results[name]
-    summary[name] = {'seconds': mean_spread([r['seconds'] for r in rows]), 'flops_per_token': flops_per_token(name)}
+    summary[name] = {'seconds': mean_spread([r['seconds'] for r in rows]), 'flops_per_token': flops_of(name)}
     for s, L in zip(splits, lengths):
         for key in ('em_exact', 'acc_exact', 'em_approx', 'acc_approx'):
             summary[name][f'{key}@{L}'] = mean_spread([r['eval'][f'{s}/{key}'] for r in rows])

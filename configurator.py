@@ -1,25 +1,31 @@
 """
-Config overrides, nanoGPT style, as a function instead of an exec'd file:
+What every script shares: config overrides, one-line errors, the precision context.
+
+Config, nanoGPT style, as a function instead of an exec'd file:
 
   python train.py config/t2mlr_small.py --batch_size=32 --compile=True
 
-A script keeps its defaults as plain globals, then calls configure(globals(), keys).
-A config file is python that assigns some of those globals; --key=value overrides
-come after it. Values are type-checked against the defaults. Every mistake ends
-the program with one line (exit 2), never a traceback.
+A script keeps its defaults as plain globals (or a dict), then calls configure(globals(), keys).
+A config file is python that assigns some of those names; --key=value overrides come after
+it. Values are type-checked against the defaults. Every mistake ends the program with one
+line (exit 2), never a traceback.
 
-Booleans on the command line, in every script (parse_bool): True/true/1/yes and
-False/false/0/no, case-insensitive. In a config file (python) a bool must be True or False.
+Values on the command line: python literals (32, 1e-3, (1, 8)), else a bare string
+(--dataset=s5_Z2). Booleans (parse_bool): True/true/1/yes and False/false/0/no, any case. An
+int setting takes a whole float (--n_train=1e6); a tuple setting takes one value (--batch=8
+means (8,)). In a config file (python) a bool must be True or False.
 """
 
 import ast
 import os
 import sys
+from contextlib import nullcontext
 
 
-def fail(msg):
+def fail(msg, code=2):
+    """The one way a script stops on bad input: one line on stderr, no traceback."""
     print(f"error: {msg}", file=sys.stderr)
-    raise SystemExit(2)
+    raise SystemExit(code)
 
 
 BOOL_WORDS = {'true': True, '1': True, 'yes': True, 'false': False, '0': False, 'no': False}
@@ -36,9 +42,17 @@ def _check(key, value, default, where):
     if isinstance(default, bool):
         if not isinstance(value, bool):
             fail(f"{where}: {key} must be True or False, got {value!r}")
-    elif isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    elif type(value) is not type(default):
+        return value
+    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(default, int) and isinstance(value, float) and value.is_integer():
+        return int(value)  # 1e6 rows
+    if isinstance(default, tuple):
+        value = (value,) if isinstance(value, int) and not isinstance(value, bool) else value
+        if not isinstance(value, (tuple, list)) or not all(type(v) is type(default[0]) for v in value):
+            fail(f"{where}: {key} must be a tuple of {type(default[0]).__name__}, got {value!r}")
+        return tuple(value)
+    if type(value) is not type(default):
         fail(f"{where}: {key} must be {type(default).__name__}, got {type(value).__name__} {value!r}")
     return value
 
@@ -50,11 +64,16 @@ def _parse(raw):
         return raw  # a bare string such as --dataset=s5_Z2
 
 
-def configure(g, keys, argv=None):
-    """g: the script's globals; keys: the names that are config. Applies config
-    files and --key=value overrides from argv (default sys.argv[1:]) in order."""
+def configure(g, keys, argv=None, doc=None):
+    """g: the script's globals (or a dict of defaults); keys: the names that are config.
+    Applies config files and --key=value overrides from argv (default sys.argv[1:]) in order.
+    -h/--help prints doc and every key with its default. -> the set of keys that were set."""
     argv = sys.argv[1:] if argv is None else argv
-    keys = set(keys)
+    keys, given = set(keys), set()
+    if any(a in ('-h', '--help') for a in argv):
+        print((doc or '').strip())
+        print("\nsettings (--key=value; defaults):\n" + "\n".join(f"  --{k}={g[k]!r}" for k in sorted(keys)))
+        raise SystemExit(0)
     for arg in argv:
         if not arg.startswith('--'):
             if not os.path.isfile(arg):
@@ -70,15 +89,27 @@ def configure(g, keys, argv=None):
                 if k not in keys:
                     fail(f"{arg}: unknown config key {k!r}")
                 g[k] = _check(k, v, g[k], arg)
+                given.add(k)
         else:
             key, eq, raw = arg[2:].partition('=')
             if not eq:
                 fail(f"override {arg!r} must look like --key=value")
             if key not in keys:
-                fail(f"unknown config key {key!r}")
+                fail(f"unknown config key {key!r} (known: {', '.join(sorted(keys))})")
             val = _parse(raw)
             if isinstance(g[key], bool) and parse_bool(raw) is not None:
                 val = parse_bool(raw)  # --compile=false, --compile=0
             if isinstance(g[key], str) and not isinstance(val, str):
                 val = raw  # --dataset=123 stays a string
             g[key] = _check(key, val, g[key], f"--{key}")
+            given.add(key)
+    return given
+
+
+def autocast(device_type, dtype):
+    """The precision context of every script: bfloat16 / float16 run as autocast over fp32
+    weights; float32 and float64 (tests; the weights themselves are converted) run as they are."""
+    if dtype in ('float32', 'float64'):
+        return nullcontext()
+    import torch
+    return torch.autocast(device_type, dtype={'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype])

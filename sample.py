@@ -44,14 +44,18 @@ as a picture (FILE.png, needs matplotlib) and as JSON (FILE.json); the table goe
 import os
 import sys
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 
 import numpy as np
 import torch
 
-from configurator import configure, fail
-from model import GPT, GPTConfig, CheckpointError, CompileError, load_checkpoint
-from prepare import load_meta, load_split, load_answers, get_tokenizer, extract_answer, check_hub, task_labels
+from checkpoint import CheckpointError, from_pretrained, load_checkpoint
+from configurator import autocast, configure, fail
+from dataset import check_hub, data_fingerprint, get_tokenizer, load_answers, load_meta, load_split
+from diagnostics import plot_trace, task_accuracy, trace_values
+from model import GPT, GPTConfig, CompileError
+from sft import extract_answer
+from tasks import task_labels
 
 # -----------------------------------------------------------------------------
 out_dir = 'out'
@@ -95,7 +99,7 @@ def load_model(init_from, out_dir, device, which='latest'):
         if not os.path.isdir(os.path.expanduser(init_from)):
             check_hub(f"the model {init_from}")  # a network that never answers: one line, not a hang
         try:  # a pretrained Hugging Face model, recurrence off: the baseline a retrofit starts from
-            return GPT.from_pretrained(init_from).to(device), {}
+            return from_pretrained(init_from).to(device), {}
         except (CheckpointError, ImportError) as e:
             fail(str(e))
     path = os.path.join(out_dir, {'latest': 'ckpt.pt', 'best': 'best.pt'}[which]) if init_from == 'resume' else init_from
@@ -108,7 +112,7 @@ def load_model(init_from, out_dir, device, which='latest'):
     best = ckpt.get('best_val_loss', 1e9)
     print(f"note: loaded {kind} {path} (step {ckpt.get('iter_num', '?')}"
           + (f", best exact val loss {best:.4f})" if best < 1e9 else ")"), file=sys.stderr)
-    return model, ckpt.get('config') or {}
+    return model, dict(ckpt.get('config') or {}, data=ckpt.get('data'))
 
 
 def scratch_model(meta, device):
@@ -166,47 +170,30 @@ def compile_errors_fail():
         fail(str(e))
 
 
-@torch.no_grad()
-def evaluate(model, data_dir, meta, split, batch_size, device, ctx):
+def evaluate(model, data_dir, meta, split, batch_size, ctx):
     """Token accuracy (argmax == y over positions with y != -1) and exact match (every
-    labelled position of a row right) of the EXACT sequential recurrence on a task split."""
+    labelled position of a row right) of the EXACT sequential recurrence on a task split,
+    with accuracy by position and the step accuracy."""
     if meta['format'] != 'examples':
         fail(f"eval_split needs a task dataset (examples format); {meta['name']} is a token corpus")
     X, Y = load_split(data_dir, split, meta)
     n, T = X.shape
     if T > model.config.block_size:
         fail(f"split {split} has rows of length {T}, more than the model's block_size {model.config.block_size}")
-    correct = labelled = exact = 0
-    pos_right, pos_n = torch.zeros(T), torch.zeros(T)  # per position, over rows
-    kept = prev_right = 0  # labelled pairs (t-1, t): right at t-1, and right at both
     t0 = time.time()
-    for i in range(0, n, batch_size):
-        x = torch.from_numpy(np.asarray(X[i:i + batch_size], dtype=np.int64)).to(device)
-        y = torch.from_numpy(np.asarray(Y[i:i + batch_size], dtype=np.int64)).to(device)
-        with ctx:
-            logits, _ = model(x, mode='exact')
-        mask = y != -1
-        right = (logits.argmax(-1) == y) & mask
-        correct += right.sum().item()
-        labelled += mask.sum().item()
-        exact += (right.sum(1) == mask.sum(1)).sum().item()
-        pos_right += right.sum(0).cpu().float()
-        pos_n += mask.sum(0).cpu().float()
-        both = mask[:, 1:] & mask[:, :-1]
-        prev_right += (right[:, :-1] & both).sum().item()
-        kept += (right[:, 1:] & right[:, :-1] & both).sum().item()
+    r = task_accuracy(model, X, Y, mode='exact', batch_size=batch_size, ctx=ctx)
     print(f"{meta['name']} {split}: {n} rows x {T} tokens, exact recurrence: "
-          f"token accuracy {correct / max(labelled, 1):.4f} ({correct}/{labelled}), "
-          f"exact match {exact / n:.4f} ({exact}/{n})  [{time.time() - t0:.1f}s]")
-    # where the errors are: accuracy by position, and how often a right label is followed by
-    # a right one. A state tracker that learned the step with accuracy p decays like p^t;
-    # p = 1 and a flat profile is a solved task
-    at = [t for t in range(0, T, max(1, T // 8)) if pos_n[t] > 0]
+          f"token accuracy {r['acc']:.4f} ({r['right']}/{r['labelled']}), "
+          f"exact match {r['em']:.4f} ({round(r['em'] * n)}/{n})  [{time.time() - t0:.1f}s]")
+    # where the errors are: accuracy by position, and how often a right label is followed by a
+    # right one. A state tracker that learned the step with accuracy p decays like p^t; p = 1
+    # and a flat profile is a solved task
+    at = [t for t in range(0, T, max(1, T // 8)) if r['pos_n'][t] > 0]
     if at:
-        print("  accuracy by position: " + '  '.join(f"{t}:{pos_right[t] / pos_n[t]:.2f}" for t in at))
-    if prev_right:
-        print(f"  step accuracy (right at t, given right at t-1): {kept / prev_right:.4f}")
-    return correct / max(labelled, 1), exact / n
+        print("  accuracy by position: " + '  '.join(f"{t}:{r['pos_acc'][t]:.2f}" for t in at))
+    if r['step_acc'] is not None:
+        print(f"  step accuracy (right at t, given right at t-1): {r['step_acc']:.4f}")
+    return r['acc'], r['em']
 
 
 @torch.no_grad()
@@ -304,106 +291,12 @@ def show_labels(model, ids, labels, name, title, ctx):
 # -----------------------------------------------------------------------------
 # trace: what the recurrence does on one input
 
-@torch.no_grad()
-def trace_values(model, idx, labels=None):
-    """idx: (1, T). Runs the exact recurrence once with model.recording() and the zero-state
-    forward once. Returns {column: list over positions} (see the module docstring)."""
-    from model import recorded
-    T = idx.size(1)
-    with model.recording() as rec:
-        logits, _ = model(idx, mode='exact')
-    zero_logits, _ = model(idx, mode='zero')
-    prob = torch.softmax(logits[0].double(), -1)
-    state = recorded(rec, 'state', T)[0]  # (T, d) the state each position read
-    cols = {'pos': list(range(T)), 'token': idx[0].tolist(), 'state_norm': state.norm(dim=-1).tolist(),
-            'state_pc1': state_pc1(state).tolist()}
-    if model.fusion is not None:
-        for name in ('cur', 'rec'):
-            g = recorded(rec, f'gate_{name}', T)[0]  # (T, d)
-            cols[f'gate_{name}_mean'] = g.mean(-1).tolist()
-            cols[f'gate_{name}_std'] = g.std(-1, correction=0).tolist()  # spread over channels
-    else:
-        for i in range(model.s, model.config.n_layer):
-            if f'g.{i}' in rec:
-                g = recorded(rec, f'g.{i}', T)[0]  # (T, 2, Hkv), mean over the KV heads
-                cols[f'g_loc.{i}'], cols[f'g_fb.{i}'] = g[:, 0].mean(-1).tolist(), g[:, 1].mean(-1).tolist()
-            if f'gamma_m.{i}' in rec:
-                cols[f'gamma_m.{i}'] = recorded(rec, f'gamma_m.{i}', T)[0].tolist()
-                cols[f'alpha_x.{i}'] = recorded(rec, f'alpha_x.{i}', T)[0].tolist()
-    cols['pred'] = logits[0].argmax(-1).tolist()
-    cols['p_pred'] = prob.max(-1).values.tolist()
-    cols['pred_zero'] = zero_logits[0].argmax(-1).tolist()
-    if labels is not None:
-        cols['label'] = labels
-    return cols
-
-
-def state_pc1(state):
-    """(T, d) -> (T,): each state's coordinate along the first principal direction of this
-    input's nonzero states (centred over those positions; the zero state at t = 0 or at a reset
-    would dominate it); sign fixed so the largest coordinate is positive. A state that tracks
-    a binary quantity (parity) shows it here as two levels."""
-    s = state.double()
-    fit = s[s.norm(dim=-1) > 0]
-    if len(fit) < 2:
-        return torch.zeros(len(s), dtype=torch.float64)
-    mu = fit.mean(0)
-    pc = (s - mu) @ torch.linalg.svd(fit - mu, full_matrices=False).Vh[0]
-    return pc * torch.sign(pc[pc.abs().argmax()])
-
-
 def print_trace(cols):
     keys = list(cols)
     fmt = lambda v: f"{v:.4f}" if isinstance(v, float) else str(v)
     print('\t'.join(keys))
     for t in range(len(cols['pos'])):
         print('\t'.join(fmt(cols[k][t]) for k in keys))
-
-
-def plot_trace(cols, path, title):
-    """Panels over positions: state norm; gates; (LRT) |gamma m| / |alpha x|; prediction vs label."""
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    pos = cols['pos']
-    lrt_res = sorted(k for k in cols if k.startswith('gamma_m.'))
-    n = 3 + bool(lrt_res)
-    fig, axes = plt.subplots(n, 1, figsize=(max(6.0, 0.16 * len(pos)), 1.9 * n + 0.6), sharex=True)
-    axes[0].plot(pos, cols['state_norm'], marker='.', color='k', label='norm')
-    axes[0].plot(pos, cols['state_pc1'], marker='.', color='tab:purple', label='1st principal component')
-    axes[0].set_ylabel('state read')
-    axes[0].legend(fontsize=7, loc='best')
-    ax = axes[1]
-    if 'gate_cur_mean' in cols:
-        for name, color in (('cur', 'tab:blue'), ('rec', 'tab:red')):
-            m, s = np.array(cols[f'gate_{name}_mean']), np.array(cols[f'gate_{name}_std'])
-            ax.plot(pos, m, marker='.', color=color, label=f'tanh(g_{name}) sigmoid(f_{name})')
-            ax.fill_between(pos, m - s, m + s, color=color, alpha=0.2)
-        ax.set_ylabel('gate (mean ± std\nover channels)')
-    else:
-        for k in sorted(k for k in cols if k.startswith(('g_loc.', 'g_fb.'))):
-            ax.plot(pos, cols[k], marker='.', ls='-' if k.startswith('g_fb') else ':', label=k)
-        ax.set_ylabel('LRT gates')
-    ax.legend(fontsize=7, loc='best')
-    if lrt_res:
-        for k in lrt_res:
-            i = k.split('.')[1]
-            ax = axes[2]
-            ax.plot(pos, np.array(cols[k]) / np.maximum(np.array(cols[f'alpha_x.{i}']), 1e-12), marker='.', label=f'layer {i}')
-        ax.set_ylabel('|gamma m| / |alpha x|')
-        ax.legend(fontsize=7, loc='best')
-    ax = axes[-1]
-    if 'label' in cols:
-        lab = [(p, l) for p, l in zip(pos, cols['label']) if l != -1]
-        ax.plot([p for p, _ in lab], [l for _, l in lab], 's', mfc='none', ms=8, color='gray', label='label')
-    ax.plot(pos, cols['pred'], 'o', ms=4, color='tab:green', label='prediction (exact)')
-    ax.plot(pos, cols['pred_zero'], 'x', ms=4, color='tab:orange', label='prediction (zero state)')
-    ax.set_ylabel('token id')
-    ax.set_xlabel('position')
-    ax.legend(fontsize=7, loc='best', ncol=3)
-    axes[0].set_title(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
 
 
 def run_trace(model, ids, labels, path, title):
@@ -431,7 +324,7 @@ def run_trace(model, ids, labels, path, title):
 
 
 if __name__ == '__main__':
-    configure(globals(), config_keys)
+    configure(globals(), config_keys, doc=__doc__)
     if device.startswith('cuda') and not torch.cuda.is_available():
         fail(f"device={device} but torch.cuda.is_available() is False")
     if dtype not in ('float32', 'bfloat16'):
@@ -454,7 +347,7 @@ if __name__ == '__main__':
         fail(f"ckpt={ckpt!r}: expected 'latest' (out_dir/ckpt.pt) or 'best' (out_dir/best.pt)")
     torch.manual_seed(seed)
     device_type = 'cuda' if device.startswith('cuda') else 'cpu'
-    ctx = nullcontext() if dtype == 'float32' else torch.autocast(device_type, dtype=torch.bfloat16)
+    ctx = autocast(device_type, dtype)
 
     # model, and the dataset it was trained on (for the tokenizer and the task splits)
     model, train_config = load_model(init_from, out_dir, device, ckpt)
@@ -471,6 +364,10 @@ if __name__ == '__main__':
         print("note: no dataset given or recorded in the checkpoint: using the GPT-2 tokenizer", file=sys.stderr)
     else:
         fail("the checkpoint records no dataset: give --dataset=NAME (a folder of data_root made by prepare.py)")
+    trained_on = train_config.get('data')  # the vocabulary the checkpoint was trained with (train.py records it)
+    if trained_on and data_dir is not None and data_fingerprint(meta)['vocab_crc'] != trained_on['vocab_crc']:
+        fail(f"dataset {meta['name']} has another vocabulary than {trained_on['name']}, which the model was trained "
+             f"on ({trained_on['tokenizer']}, {trained_on['vocab_size']} tokens): its tokens would mean other things")
     if not eval_split:
         encode, decode = get_tokenizer(meta)  # before building anything: gpt2 offline fails here
     prefill = prefill or ('plain' if meta.get('rec_mask') else 'exact')  # as the model was trained
@@ -497,7 +394,7 @@ if __name__ == '__main__':
                   f"e={model.config.rec_end}), {title}")
         sys.exit(0)
     if eval_split:
-        evaluate(model, data_dir, meta, eval_split, eval_batch_size, device, ctx)
+        evaluate(model, data_dir, meta, eval_split, eval_batch_size, ctx)
         sys.exit(0)
     if eval_answers:
         if not meta.get('rec_mask'):

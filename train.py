@@ -39,7 +39,6 @@ import random
 import signal
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import asdict
 
 import numpy as np
@@ -47,9 +46,12 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from configurator import configure, fail
-from model import GPT, GPTConfig, CheckpointError, load_checkpoint, save_checkpoint, remove_stale_tmp, recorded
-from prepare import load_meta, load_split, load_rec_mask, check_hub
+from checkpoint import CheckpointError, from_pretrained, load_checkpoint, remove_stale_tmp, save_checkpoint
+from configurator import autocast as precision, configure, fail
+from dataset import check_hub, data_fingerprint, load_meta, load_rec_mask, load_split
+from diagnostics import gate_stats, task_accuracy
+from flops import flops_per_token
+from model import GPT, GPTConfig, check_scheme
 
 # -----------------------------------------------------------------------------
 # default config values; override with a config file and/or --key=value
@@ -88,6 +90,7 @@ rope = True              # False: no positional encoding (NoPE; the causal mask 
 norm_eps = 1e-5
 dropout = 0.0
 tie_embeddings = True
+vocab_pad = 128          # the embedding table rounded up to a multiple of this (fast LM-head GEMMs; never sampled)
 attn_window = 0          # > 0: sliding-window attention over the last attn_window tokens
 recurrence = 't2mlr'     # 'none' | 't2mlr' | 'lrt'
 rec_start = 0
@@ -107,6 +110,7 @@ jacobi_init = 'plain'    # Jacobi: the initial pass runs the plain model (offici
 rec_residual_detach = False  # T2MLR: no gradient through R_{t-1} in m_t = h_t + R_{t-1} (official S5/GSM8K recipes)
 n_subsets = 2            # interleaved: S
 n_rounds = 1             # interleaved: R rounds of the S refinements (exact positions 0..R*S-1 in training)
+recompute = False        # activation checkpointing: the passes that keep a graph are recomputed in backward
 # optimizer
 learning_rate = 1e-3
 max_iters = 2000
@@ -135,24 +139,19 @@ config = {k: globals()[k] for k in config_keys}
 
 
 def check_config():
-    """Sanity checks of the settings alone: each bad one ends the run with one line (exit 2)
-    before any data is read or model built. (Checks that need the data follow its loading.)"""
+    """Sanity checks of the training settings alone: each bad one ends the run with one line
+    (exit 2) before any data is read or model built. The model's own settings are checked by
+    GPTConfig once the data is known; the checks that need the data follow its loading."""
     if train_mode not in ('plain', 'jacobi', 'interleaved'):
         fail(f"unknown train_mode {train_mode!r}; expected 'plain', 'jacobi' or 'interleaved'")
     if recurrence == 'none' and train_mode != 'plain':
         fail(f"train_mode={train_mode!r} needs a recurrence; use train_mode='plain' for recurrence='none'")
     if dtype not in ('float32', 'bfloat16', 'float16', 'float64'):
         fail(f"unknown dtype {dtype!r}")
-    if n_iter < 1:
-        fail(f"n_iter={n_iter}: Jacobi needs at least one iteration (n_iter >= 1)")
-    if not 0 <= n_grad <= n_iter:
-        fail(f"n_grad={n_grad}: the iterations with gradient must be 0..n_iter={n_iter}")
-    if jacobi_init not in ('plain', 'zero'):
-        fail(f"unknown jacobi_init {jacobi_init!r}; expected 'plain' (the official code) or 'zero'")
-    if n_subsets < 1 or n_subsets > block_size:
-        fail(f"n_subsets={n_subsets}: interleaved needs 1 <= n_subsets <= block_size={block_size}")
-    if n_rounds < 1:
-        fail(f"n_rounds={n_rounds}: interleaved needs at least one round")
+    try:
+        check_scheme(train_mode, n_iter, n_grad, n_subsets, n_rounds)
+    except ValueError as e:
+        fail(str(e))
     for k in ('batch_size', 'block_size', 'gradient_accumulation_steps', 'eval_interval', 'log_interval',
               'eval_iters', 'eval_exact_iters', 'eval_examples', 'eval_batch_size'):
         if globals()[k] < 1:
@@ -160,8 +159,6 @@ def check_config():
     for k in ('learning_rate', 'min_lr', 'max_iters', 'warmup_iters', 'grad_clip', 'weight_decay'):
         if globals()[k] < 0:
             fail(f"{k}={globals()[k]}: must be >= 0")
-    if not 0 <= dropout < 1:
-        fail(f"dropout={dropout}: must be in [0, 1)")
     if ddp_timeout <= 0:
         fail(f"ddp_timeout={ddp_timeout}: must be > 0 (seconds)")
     if device.startswith('cuda') and not torch.cuda.is_available():
@@ -197,8 +194,7 @@ if device_type == 'cuda':
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
 ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16, 'float64': torch.float64}[dtype]
-# bf16/fp16 run as autocast over fp32 weights; float64 (for tests) converts the weights
-autocast = nullcontext() if ptdtype in (torch.float32, torch.float64) else torch.amp.autocast(device_type, dtype=ptdtype)
+autocast = precision(device_type, dtype)  # bf16/fp16: autocast over fp32 weights; float64 (tests) converts the weights
 if master:
     os.makedirs(out_dir, exist_ok=True)
 
@@ -225,10 +221,7 @@ signal.signal(signal.SIGTERM, on_signal)
 # data: token streams (language modelling) or fixed-length examples with aligned targets (tasks)
 
 data_dir = os.path.join(data_root, dataset)
-try:
-    meta = load_meta(data_dir)
-except (FileNotFoundError, ValueError) as e:
-    fail(str(e))
+meta = load_meta(data_dir)  # a missing or broken dataset: one line (DataError)
 is_task = meta['format'] == 'examples'
 if is_task:
     train_x, train_y = load_split(data_dir, 'train', meta)
@@ -264,37 +257,51 @@ def check_data():
 check_data()
 tokens_per_iter = gradient_accumulation_steps * batch_size * seq_len
 
-# The order of training batches comes from one generator that every process holds
-# in the same state: each step draws the whole global batch and each process takes
-# its share. So N processes see exactly what one process sees (same global batch),
-# and the generator's state in the checkpoint resumes the data order exactly.
+# The order of training batches comes from one generator that every process holds in the
+# same state: each step draws the rows (or offsets) of the whole global batch, and each
+# process reads and copies to its device only its own share. So N processes see exactly what
+# one process sees (same global batch), and the generator's state in the checkpoint resumes
+# the data order exactly.
 data_gen = torch.Generator().manual_seed(seed)
 
 
-def draw_batch(gen, split, B):
-    """Returns x, y: (B, seq_len) int64, y aligned with x (-1 = no loss), and m: (B, seq_len)
-    bool, where the recurrence is on (prompt/response data), or None (on everywhere)."""
+def draw(gen, split, B):
+    """B random rows (task data) or offsets (token data) of split: the only random draw."""
+    if is_task:
+        rows = torch.randint(len(train_x if split == 'train' else load_split(data_dir, split, meta)[0]), (B,),
+                             generator=gen).numpy()
+        rows.sort()  # memmap-friendly; the set is what matters
+        return rows
+    data = train_data if split == 'train' else load_split(data_dir, split, meta)
+    return torch.randint(len(data) - seq_len - 1, (B,), generator=gen).tolist()
+
+
+def fetch(split, picks):
+    """-> x, y: (B, seq_len) int64 on the device, y aligned with x (-1 = no loss), and m:
+    (B, seq_len) bool, where the recurrence is on (prompt/response data), or None."""
     m = None
     if is_task:
         X, Y = (train_x, train_y) if split == 'train' else load_split(data_dir, split, meta)
         M = train_m if split == 'train' else load_rec_mask(data_dir, split, meta)
-        rows = torch.randint(len(X), (B,), generator=gen).numpy()
-        rows.sort()  # memmap-friendly; the set is what matters
-        x, y = torch.from_numpy(X[rows].astype(np.int64)), torch.from_numpy(Y[rows].astype(np.int64))
-        if M is not None:
-            m = torch.from_numpy(M[rows].astype(np.bool_)).to(device)
+        x, y = torch.from_numpy(X[picks].astype(np.int64)), torch.from_numpy(Y[picks].astype(np.int64))
+        m = None if M is None else torch.from_numpy(M[picks].astype(np.bool_))
     else:
         data = train_data if split == 'train' else load_split(data_dir, split, meta)
-        ix = torch.randint(len(data) - seq_len - 1, (B,), generator=gen).tolist()
-        x = torch.from_numpy(np.stack([data[i:i + seq_len].astype(np.int64) for i in ix]))
-        y = torch.from_numpy(np.stack([data[i + 1:i + 1 + seq_len].astype(np.int64) for i in ix]))
-    return x.to(device), y.to(device), m
+        x = torch.from_numpy(np.stack([data[i:i + seq_len].astype(np.int64) for i in picks]))
+        y = torch.from_numpy(np.stack([data[i + 1:i + 1 + seq_len].astype(np.int64) for i in picks]))
+    if device_type == 'cuda':  # pinned host memory: the copies run asynchronously
+        return tuple(None if t is None else t.pin_memory().to(device, non_blocking=True) for t in (x, y, m))
+    return x.to(device), y.to(device), None if m is None else m.to(device)
+
+
+def draw_batch(gen, split, B):
+    return fetch(split, draw(gen, split, B))
 
 
 def train_batches():
-    """The micro-batches of this process for one step."""
-    global_batch = [draw_batch(data_gen, 'train', batch_size) for _ in range(gradient_accumulation_steps)]
-    return global_batch[rank * accum_local:(rank + 1) * accum_local]
+    """The micro-batches of this process for one step (every process draws the whole global batch)."""
+    picks = [draw(data_gen, 'train', batch_size) for _ in range(gradient_accumulation_steps)]
+    return [fetch('train', p) for p in picks[rank * accum_local:(rank + 1) * accum_local]]
 
 # -----------------------------------------------------------------------------
 # model, optimizer, resume
@@ -302,6 +309,7 @@ def train_batches():
 model_args = dict(block_size=block_size, vocab_size=meta['vocab_size'], n_layer=n_layer, n_head=n_head,
                   n_kv_head=n_kv_head, n_embd=n_embd, mlp_hidden=mlp_hidden, rope_theta=rope_theta, rope=rope,
                   norm_eps=norm_eps, dropout=dropout, tie_embeddings=tie_embeddings, attn_window=attn_window,
+                  vocab_pad=vocab_pad,
                   recurrence=recurrence,
                   rec_start=rec_start, rec_end=rec_end, reset_token=meta.get('reset_token'),
                   rec_residual=rec_residual, rec_proj=rec_proj, rec_residual_detach=rec_residual_detach,
@@ -356,7 +364,7 @@ try:
             check_hub(f"the model {init_from}")  # a network that never answers: one line, not a hang
         rec = {k: model_args[k] for k in model_args if k.startswith(('rec', 'lrt_')) or k in ('dropout', 'reset_token')}
         rec['lrt_identity_init'] = True  # a retrofit starts at identity: LRT's gamma = 0, W_fb = 0
-        model = GPT.from_pretrained(init_from, **rec)  # the backbone's shape and vocab come from the checkpoint
+        model = from_pretrained(init_from, **rec)  # the backbone's shape and vocab come from the checkpoint
         model_args = asdict(model.config)
         pretrained = init_from
         name_of = lambda p: os.path.basename(os.path.normpath(p))  # a Hub name or a folder: compare the last part
@@ -394,10 +402,13 @@ if compile:
     print(f"compiling the model ({compile_backend})...")
     model = torch.compile(model, backend=compile_backend)
 if ddp:
-    model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None)
+    # a recurrent model trained plainly leaves the recurrence's parameters without gradient:
+    # DDP must be told, or it waits for their reduction forever ("Expected to have finished reduction")
+    unused = raw_model.config.recurrence != 'none' and train_mode == 'plain'
+    model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None, find_unused_parameters=unused)
 
 scheme = dict(mode=train_mode, n_iter=n_iter, n_grad=n_grad, n_subsets=n_subsets, n_rounds=n_rounds)
-flops_per_iter = raw_model.flops_per_token(seq_len, **scheme) * tokens_per_iter
+flops_per_iter = flops_per_token(raw_model.config, seq_len, **scheme) * tokens_per_iter
 if master:
     n_rec = sum(p.numel() for n, p in raw_model.named_parameters() if GPT.is_rec_param(n))
     print(f"{raw_model.get_num_params() / 1e6:.3f}M parameters ({n_rec} recurrent), "
@@ -422,14 +433,17 @@ def get_lr(it):
 
 @torch.no_grad()
 def evaluate(final=True):
-    """Returns a dict of metrics (final=False: an intermediate evaluation, eval_examples_mid rows). Runs on the raw model (never through the DDP
-    wrapper, whose forward would start a collective only this process joins)."""
+    """Returns a dict of metrics (final=False: an intermediate evaluation, on eval_examples_mid
+    rows). Runs on the raw model, never through the DDP wrapper (whose forward would start a
+    collective only this process joins). With compile, the exact modes run their span steps
+    through the compiled static step (model.py _exact)."""
     raw_model.eval()
     out = {}
     recurrent = raw_model.config.recurrence != 'none'
     modes = [('approx', train_mode)] + ([('exact', 'exact'), ('zero', 'zero')] if recurrent else [])
-    splits = ['train', 'val'] if not is_task else ['train', 'val']
-    for split in splits:
+    kw = lambda mode: dict(mode=mode, n_iter=n_iter, n_grad=n_grad, n_subsets=n_subsets, n_rounds=n_rounds,
+                           compile=compile and mode in ('exact', 'zero'))
+    for split in ['train', 'val']:
         for tag, mode in modes:
             gen = torch.Generator().manual_seed(1234)  # the same batches at every eval
             n = eval_iters if tag == 'approx' else eval_exact_iters  # exact and zero: the same batches
@@ -437,8 +451,7 @@ def evaluate(final=True):
             for _ in range(n):
                 x, y, m = draw_batch(gen, split, batch_size)
                 with autocast:
-                    losses.append(raw_model(x, y, mode=mode, n_iter=n_iter, n_grad=n_grad, n_subsets=n_subsets,
-                                            rec_mask=m, n_rounds=n_rounds)[1].item())
+                    losses.append(raw_model(x, y, rec_mask=m, **kw(mode))[1].item())
             out[f'{split}/loss_{tag}'] = sum(losses) / len(losses)
         if not recurrent:  # no state: exact and zero-state are the plain forward
             out[f'{split}/loss_exact'] = out[f'{split}/loss_zero'] = out[f'{split}/loss_approx']
@@ -451,72 +464,17 @@ def evaluate(final=True):
             M = load_rec_mask(data_dir, split, meta)
             n = min(len(X), eval_examples if final or eval_examples_mid < 1 else eval_examples_mid)
             for tag, mode in modes:
-                acc, em = task_accuracy(X[:n], Y[:n], None if M is None else M[:n], mode)
-                out[f'{split}/acc_{tag}'], out[f'{split}/em_{tag}'] = acc, em
+                r = task_accuracy(raw_model, X[:n], Y[:n], None if M is None else M[:n], batch_size=eval_batch_size,
+                                  ctx=autocast, **kw(mode))
+                out[f'{split}/acc_{tag}'], out[f'{split}/em_{tag}'] = r['acc'], r['em']
             if not recurrent:
                 for tag in ('exact', 'zero'):
                     out[f'{split}/acc_{tag}'], out[f'{split}/em_{tag}'] = out[f'{split}/acc_approx'], out[f'{split}/em_approx']
-    if recurrent:
-        out.update(gate_stats())
+    if recurrent:  # the gates on the first val batch, run exactly
+        x, _, m = draw_batch(torch.Generator().manual_seed(1234), 'val', batch_size)
+        out.update(gate_stats(raw_model, x, m, autocast))
     raw_model.train()
     return out
-
-
-@torch.no_grad()
-def gate_stats():
-    """What the gates do, as scalars (means over the first val batch of evaluate(), run
-    exactly with model.recording()). T2MLR: gates/cur and gates/rec, the mean of
-    tanh(g) sigmoid(f([h, r])) over rows, positions and channels, and the scalars
-    gates/tanh_g_cur, gates/tanh_g_rec. LRT, per reading layer i and as a mean over them:
-    gates/g_loc.i, gates/g_fb.i (2 sigmoid(W_g a), over rows, positions, KV heads),
-    gates/gamma.i and gates/alpha.i. Also gates/state, the mean norm of the state read."""
-    was_training = raw_model.training
-    raw_model.eval()
-    x, _, m = draw_batch(torch.Generator().manual_seed(1234), 'val', batch_size)
-    with raw_model.recording() as rec, autocast:
-        raw_model(x, mode='exact', rec_mask=m)
-    T = x.size(1)
-    # over the positions where the recurrence is on (prompt/response data: the response)
-    mean = lambda t: (t if m is None else t[m]).float().mean().item()
-    out = {'gates/state': mean(recorded(rec, 'state', T).norm(dim=-1))}
-    if raw_model.fusion is not None:
-        f = raw_model.fusion
-        out['gates/cur'], out['gates/rec'] = mean(recorded(rec, 'gate_cur', T)), mean(recorded(rec, 'gate_rec', T))
-        out['gates/tanh_g_cur'], out['gates/tanh_g_rec'] = math.tanh(f.g_cur.item()), math.tanh(f.g_rec.item())
-    else:
-        per = {}  # name -> {layer: value}
-        for i in range(raw_model.s, raw_model.config.n_layer):
-            blk = raw_model.h[i]
-            if f'g.{i}' in rec:
-                g = recorded(rec, f'g.{i}', T)  # (B, T, 2, Hkv)
-                per.setdefault('g_loc', {})[i], per.setdefault('g_fb', {})[i] = mean(g[..., 0, :]), mean(g[..., 1, :])
-            if blk.lrt_gamma is not None:
-                per.setdefault('gamma', {})[i], per.setdefault('alpha', {})[i] = blk.lrt_gamma.item(), blk.lrt_alpha.item()
-        for name, vals in per.items():
-            out[f'gates/{name}'] = sum(vals.values()) / len(vals)
-            out.update({f'gates/{name}.{i}': v for i, v in vals.items()})
-    raw_model.train(was_training)
-    return out
-
-
-@torch.no_grad()
-def task_accuracy(X, Y, M, mode):
-    """Token accuracy over labelled positions and whole-sequence exact match, under teacher
-    forcing. Prompt/response data (M: the recurrence mask): the labelled positions are the
-    response tokens, so this is response-token accuracy and whole-response exact match."""
-    right = total = em = 0
-    for i in range(0, len(X), eval_batch_size):
-        x = torch.from_numpy(X[i:i + eval_batch_size].astype(np.int64)).to(device)
-        y = torch.from_numpy(Y[i:i + eval_batch_size].astype(np.int64)).to(device)
-        m = None if M is None else torch.from_numpy(M[i:i + eval_batch_size].astype(np.bool_)).to(device)
-        with autocast:
-            logits = raw_model(x, mode=mode, n_iter=n_iter, n_grad=n_grad, n_subsets=n_subsets, rec_mask=m,
-                               n_rounds=n_rounds)[0]
-        ok = (logits.argmax(-1) == y) | (y == -1)
-        right += (ok & (y != -1)).sum().item()
-        total += (y != -1).sum().item()
-        em += ok.all(1).sum().item()
-    return right / max(total, 1), em / len(X)
 
 
 def log_json(record):
@@ -529,7 +487,7 @@ def checkpoint():
                cuda=torch.cuda.get_rng_state() if device_type == 'cuda' else None)
     return dict(model=raw_model.state_dict(), model_args=asdict(raw_model.config), optimizer=optimizer.state_dict(),
                 iter_num=iter_num, best_val_loss=best_val_loss, config=config, data_gen=data_gen.get_state(),
-                rng=rng, pretrained=pretrained, version=1)
+                rng=rng, pretrained=pretrained, data=data_fingerprint(meta), version=1)
 
 
 def print_eval(m):
@@ -559,8 +517,17 @@ def print_eval(m):
               + f", state norm {m['gates/state']:.3f}")
 
 def nonfinite(metrics):
-    """The names of the non-finite values of an evaluation (a diverged model)."""
-    return [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
+    """The names of the non-finite losses and accuracies of an evaluation (a diverged model).
+    The gate statistics are not among them: they describe the model, they do not judge it."""
+    return [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v) and not k.startswith('gates/')]
+
+
+def warn_state(metrics):
+    """A state that grows without bound is worth a line, not a stop: the loss may still be improving."""
+    norm = metrics.get('gates/state')
+    if norm is not None and norm > 1e4 * math.sqrt(raw_model.config.n_embd):  # (a NaN is a diverged loss's business)
+        print(f"warning: iteration {iter_num}: the recurrent state is exploding (mean norm {norm:.3g} at "
+              f"d={raw_model.config.n_embd}); the loss is still finite, so the run goes on", file=sys.stderr)
 
 
 def stop_diverged(what):
@@ -596,6 +563,7 @@ try:
                 if wandb_log:
                     wandb.log({'iter': iter_num, **metrics})
                 bad = nonfinite(metrics)  # never saved: ckpt.pt and best.pt stay finite
+                warn_state(metrics)
                 val = metrics['val/loss_exact']
                 if not bad and iter_num > 0 and not eval_only:
                     improved = val < best_val_loss
@@ -621,7 +589,7 @@ try:
             if ddp:  # synchronise gradients on the last micro-step only
                 model.require_backward_grad_sync = micro == accum_local - 1
             with autocast:
-                _, loss = model(x, y, rec_mask=m, **scheme)
+                _, loss = model(x, y, rec_mask=m, recompute=recompute, **scheme)
                 loss_sum = loss_sum + loss.detach()
                 loss = loss / accum_local
             scaler.scale(loss).backward()
@@ -645,7 +613,8 @@ try:
         optimizer.zero_grad(set_to_none=True)
         iter_num += 1
         if gate_interval > 0 and iter_num % gate_interval == 0 and master and raw_model.config.recurrence != 'none':
-            log_json({'iter': iter_num, 'type': 'gates', **gate_stats()})  # eval mode, no RNG drawn: training unchanged
+            x, _, m = draw_batch(torch.Generator().manual_seed(1234), 'val', batch_size)  # not data_gen: training unchanged
+            log_json({'iter': iter_num, 'type': 'gates', **gate_stats(raw_model, x, m, autocast)})
 
         if iter_num % log_interval == 0:
             if ddp:

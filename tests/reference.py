@@ -51,8 +51,10 @@ def attention(model, i, a, mem, on=None):
 def block(model, i, x, mem, on=None):
     # on: (T,) bool, where the recurrence is on (None: everywhere)
     c, b = model.config, model.h[i]
-    if mem is not None and b.lrt_alpha is not None:
-        inj = b.lrt_alpha * x + b.lrt_gamma * mem
+    lrt = model.lrt
+    if mem is not None and lrt.alpha is not None:
+        j = i - c.rec_start
+        inj = lrt.alpha[j] * x + lrt.gamma[j] * mem
         x = inj if on is None else torch.where(on[:, None], inj, x)
     x = x + attention(model, i, rms(x, b.ln_1.weight, c.norm_eps), mem, on)
     a = rms(x, b.ln_2.weight, c.norm_eps)
@@ -160,11 +162,12 @@ def qkv(model, i, a, mem, positions, on=None):
     q = (a @ W[:d].T).view(n, c.n_head, hd)
     k = (a @ W[d:d + dkv].T).view(n, c.n_kv_head, hd)
     v = (a @ W[d + dkv:].T).view(n, c.n_kv_head, hd)
-    if mem is not None and att.lrt_gate is not None:
-        j = 0 if c.lrt_shared else i - c.rec_start
-        g = 2 * torch.sigmoid(a[:, :att.lrt_gate.in_features] @ att.lrt_gate.weight.T)
+    if mem is not None and model.lrt.gate is not None:
+        j = i - c.rec_start
+        W_g = model.lrt.gate[j].weight
+        g = 2 * torch.sigmoid(a[:, :W_g.shape[1]] @ W_g.T)
         gl, gf = g[:, :c.n_kv_head, None], g[:, c.n_kv_head:, None]  # first Hkv local, then feedback
-        W_fb = model.lrt_fb[j].weight  # rows: W_fb_k, then W_fb_v
+        W_fb = model.lrt.fb[0 if c.lrt_shared else j].weight  # rows: W_fb_k, then W_fb_v
         W_fb_k, W_fb_v = W_fb[:c.n_kv_head * hd], W_fb[c.n_kv_head * hd:]
         kr = gl * k + gf * (mem @ W_fb_k.T).view(n, c.n_kv_head, hd)
         vr = gl * v + gf * (mem @ W_fb_v.T).view(n, c.n_kv_head, hd)
@@ -187,8 +190,8 @@ def pass_with_buffer(model, x, positions, states, K, V):
         if c.recurrence == 't2mlr' and i == c.rec_start:
             x = fuse(model, x, states)
         mem = states if c.recurrence == 'lrt' else None
-        if mem is not None and b.lrt_alpha is not None:
-            x = b.lrt_alpha * x + b.lrt_gamma * mem
+        if mem is not None and model.lrt.alpha is not None:
+            x = model.lrt.alpha[i - c.rec_start] * x + model.lrt.gamma[i - c.rec_start] * mem
         q, k, v = qkv(model, i, rms(x, b.ln_1.weight, c.norm_eps), mem, positions)
         K[i], V[i] = K[i].clone(), V[i].clone()
         K[i][positions], V[i][positions] = k, v

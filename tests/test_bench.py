@@ -130,11 +130,11 @@ def test_prefill_figures(quick):
 
 @pytest.mark.parametrize('args, msg', [
     (['--no_such_key=1'], 'unknown config key'),
-    (['--D=eight'], 'D (command line) must be int'),
-    (['--quick=maybe'], 'quick (command line) must be bool'),  # 1/0 are bools (parse_bool)
-    (['--gen_lens=(1, 2.5)'], 'tuple of ints'),
+    (['--D=eight'], 'D must be int'),
+    (['--quick=maybe'], 'quick must be True or False'),  # 1/0 are bools (parse_bool)
+    (['--gen_lens=(1, 2.5)'], 'must be a tuple of int'),
     (['D=8'], 'no config file'),
-    (['--D'], 'expected --key=value'),
+    (['--D'], 'must look like --key=value'),
     (['--dtype=float16'], "expected 'auto', 'float32' or 'bfloat16'"),
     (['--D=2', '--B=3'], 'need D >= 1, 0 <= B <= D'),
     (['--compile_mode=fast'], "compile_mode='fast'"),

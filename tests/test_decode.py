@@ -25,7 +25,7 @@ def forced_decode(m, seq, P):
     (teacher forcing). Returns the logits at every position (B, T, V)."""
     B, T = seq.shape
     cache = KVCache(m.config.n_layer, T)
-    logits, state = m.prefill(seq[:, :P], cache)
+    logits, state, _ = m.prefill(seq[:, :P], cache)
     out = [logits]
     for t in range(P, T):
         lt, state = m.decode_step(seq[:, t:t + 1], torch.tensor([t]), state, cache)
@@ -95,7 +95,7 @@ def test_old_checkpoint_with_separate_projections_loads(tmp_path, kw):
     """Checkpoints written before the projections were fused (wq/wk/wv, w_gate/w_up,
     lrt_fb_k/lrt_fb_v as separate matrices) load into the fused model unchanged."""
     from dataclasses import asdict
-    from model import load_checkpoint, save_checkpoint
+    from checkpoint import load_checkpoint, save_checkpoint
     m = make(**kw)
     c = m.config
     d, dkv, hid = c.n_embd, c.n_kv_head * (c.n_embd // c.n_head), c.mlp_hidden
@@ -107,9 +107,14 @@ def test_old_checkpoint_with_separate_projections_loads(tmp_path, kw):
         elif k.endswith('mlp.w_gu.weight'):
             pre = k[:-len('w_gu.weight')]
             old[pre + 'w_gate.weight'], old[pre + 'w_up.weight'] = w.split([hid, hid])
-        elif k.startswith('lrt_fb.'):
-            j = k.split('.')[1]
+        elif k.startswith('lrt.fb.'):
+            j = k.split('.')[2]
             old[f'lrt_fb_k.{j}.weight'], old[f'lrt_fb_v.{j}.weight'] = w.split([dkv, dkv])
+        elif k.startswith('lrt.gate.'):  # the layout before LRT was one module: per block
+            old[f'h.{int(k.split(".")[2]) + c.rec_start}.attn.lrt_gate.weight'] = w
+        elif k in ('lrt.alpha', 'lrt.gamma'):
+            for j, v in enumerate(w):
+                old[f'h.{j + c.rec_start}.lrt_{k[4:]}'] = v
         else:
             old[k] = w
     path = str(tmp_path / 'old.pt')

@@ -1,4 +1,4 @@
-"""prepare.make_group's tables are groups (closure, identity, associativity, inverses), the
+"""tasks.make_group's tables are groups (closure, identity, associativity, inverses), the
 right ones (sizes, A5 = the even permutations of S5, the product is make_group's stated
 convention), and running_product / task_labels give the labels of words checked by hand."""
 
@@ -7,8 +7,10 @@ import itertools
 import numpy as np
 import pytest
 
+import dataset
+import tasks
 import prepare
-from prepare import make_group, running_product, task_labels
+from tasks import make_group, running_product, task_labels
 
 SIZES = {'S3': 6, 'A5': 60, 'S5': 120, 'Z5': 5}
 
@@ -101,10 +103,10 @@ def test_hand_checked_words(group, word, want):
 # task_labels: the labels of an input recomputed from meta['task'] (what sample.py shows)
 
 def small(tmp_path, task, **kw):
-    defaults = {'s5': prepare.S5_DEFAULTS, 's5_retrieval': prepare.RETRIEVAL_DEFAULTS}[task]
+    defaults = {'s5': tasks.S5_DEFAULTS, 's5_retrieval': tasks.RETRIEVAL_DEFAULTS}[task]
     cfg = dict(defaults, n_train=4, n_val=2, n_test=5, out_dir=str(tmp_path / task), **kw)
-    out = {'s5': prepare.prepare_s5, 's5_retrieval': prepare.prepare_s5_retrieval}[task](cfg)
-    return out, prepare.load_meta(out)
+    out = {'s5': tasks.prepare_s5, 's5_retrieval': tasks.prepare_s5_retrieval}[task](cfg)
+    return out, dataset.load_meta(out)
 
 
 def test_task_labels_s5(tmp_path):
@@ -114,7 +116,7 @@ def test_task_labels_s5(tmp_path):
     got = task_labels(meta, [index[w] for w in '021 102 021'.split()])
     assert ' '.join(meta['itos'][i] for i in got) == '021 120 210'
     for split in meta['splits']:  # and the stored labels of every row
-        x, y = prepare.load_split(d, split, meta)
+        x, y = dataset.load_split(d, split, meta)
         assert all(task_labels(meta, r.tolist()) == l.tolist() for r, l in zip(x, y))
     # a meta.json written before 'task' existed, another task, an empty input: no labels
     assert task_labels({k: v for k, v in meta.items() if k != 'task'}, [0, 1]) is None
@@ -126,7 +128,7 @@ def test_task_labels_s5_retrieval(tmp_path):
     d, meta = small(tmp_path, 's5_retrieval', group='S3', k=2, n_actions=5, test_actions='7')
     assert meta['task'] == {'name': 's5_retrieval', 'group': 'S3', 'k': 2}
     for split in meta['splits']:  # the position-by-position reading agrees with the generator, prefixes too
-        x, y = prepare.load_split(d, split, meta)
+        x, y = dataset.load_split(d, split, meta)
         for r, l in zip(x, y):
             assert task_labels(meta, r.tolist()) == l.tolist()
             assert task_labels(meta, r[:23].tolist()) == l[:23].tolist()

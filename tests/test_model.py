@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from model import GPT, GPTConfig, KVCache, smollm2_135m_config
+from checkpoint import smollm2_135m_config
+from model import GPT, GPTConfig, KVCache
 from reference import naive_exact, naive_plain
 
 TOL = dict(rtol=0, atol=1e-10)
@@ -72,7 +73,7 @@ def test_identity_init_equals_plain(kw):
 def test_lrt_gate_channels_option():
     # the official LRT gate reads only the first lrt_gate_channels channels of the normed input
     m = make(recurrence='lrt', rec_start=1, rec_end=2, lrt_gate_channels=8)
-    assert m.h[1].attn.lrt_gate.weight.shape == (2 * 2, 8)  # (g_loc, g_fb) per KV head
+    assert m.lrt.gate[0].weight.shape == (2 * 2, 8)  # (g_loc, g_fb) per KV head, for the first reading layer (1)
     idx = tokens()
     exact = m(idx, mode='exact')[0]
     torch.testing.assert_close(exact, naive_exact(m, idx), **TOL)
@@ -124,7 +125,7 @@ def test_decode_resets_on_generated_reset_token():
     # force the sampler to emit the reset token at some steps by sampling with top_k=1 on
     # logits we cannot control; instead check decode_step directly
     cache = KVCache(4, 10)
-    logits, state = m.prefill(prompt, cache)
+    logits, state, _ = m.prefill(prompt, cache)
     tok = torch.full((2, 1), 5)
     l1, _ = m.decode_step(tok, 4, state, cache)
     ref = m(torch.cat([prompt, tok], 1), mode='exact')[0][:, -1:]
@@ -198,13 +199,14 @@ def test_smollm2_shape_and_param_groups():
     by = {(g['weight_decay'] > 0, g['lr_mult']): sum(p.numel() for p in g['params']) for g in groups}
     assert by[(True, 100.0)] == 5 * d * d and by[(False, 100.0)] == 2 * d + 2
     assert all(p.dim() >= 2 for g in groups if g['weight_decay'] > 0 for p in g['params'])
-    assert m.flops_per_token(512, 'jacobi', 16, 4) > m.flops_per_token(512, 'plain') * 1.5
-    assert m.rec_flops() == 2 * 5 * d * d
+    from flops import flops_per_token, rec_flops
+    assert flops_per_token(c, 512, 'jacobi', 16, 4) > flops_per_token(c, 512, 'plain') * 1.5
+    assert rec_flops(c) == 2 * 5 * d * d
 
 
 def test_checkpoint_roundtrip_and_errors(tmp_path):
     from dataclasses import asdict
-    from model import CheckpointError, load_checkpoint, save_checkpoint
+    from checkpoint import CheckpointError, load_checkpoint, save_checkpoint
     m = make(**STYLES[0])
     path = str(tmp_path / 'ckpt.pt')
     save_checkpoint({'model': m.state_dict(), 'model_args': asdict(m.config)}, path)

@@ -10,8 +10,11 @@ import sys
 import numpy as np
 import pytest
 
+import configurator
+import corpora
+import dataset
 import prepare
-from prepare import DataError, load_meta, load_split, get_tokenizer
+from dataset import DataError, load_meta, load_split, get_tokenizer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PREPARE = os.path.join(REPO, 'prepare.py')
@@ -157,9 +160,11 @@ def test_deterministic_by_seed(tmp_path, argv):
 
 
 def test_cli_errors_are_one_line(tmp_path):
-    cases = [(['s5', '--nope=1'], 2, 'unknown option --nope'),
-             (['s5', '--n_train=many'], 2, '--n_train=many: expected int'),
-             (['s5', 'group=S5'], 2, 'expected --key=value'),
+    cases = [(['s5', '--nope=1'], 2, "unknown config key 'nope'"),
+             (['s5', '--n_train=many'], 2, "n_train must be int, got str 'many'"),
+             (['s5', 'group=S5'], 2, 'no config file group=S5'),
+             (['s5', '--train_len=0', f'--out_dir={tmp_path}/z'], 1, 's5 needs rows of at least 1 token'),
+             (['s5', '--n_train=1e12', f'--out_dir={tmp_path}/big'], 1, 'GiB free'),
              (['imagenet'], 2, "unknown dataset 'imagenet'"),
              (['s5', '--group=Q8', f'--out_dir={tmp_path}/q'], 1, "unknown group 'Q8'"),
              (['text', f'--input={tmp_path}/missing.txt'], 1, 'no such file')]
@@ -170,7 +175,10 @@ def test_cli_errors_are_one_line(tmp_path):
     r = run_cli(PREPARE, 's5', '--n_train=30', '--n_val=3', '--n_test=3', '--test_lens=', f'--out_dir={tmp_path}/ok', cwd=str(tmp_path))
     assert r.returncode == 0 and 'wrote' in r.stdout, r.stderr
     assert set(load_meta(str(tmp_path / 'ok'))['splits']) == {'train', 'val', 'test'}
-    assert prepare.parse_args(['--n=1e3', '--f=2', '--b=false'], dict(n=0, f=0.5, b=True)) == dict(n=1000, f=2.0, b=False)
+    assert not os.path.exists(tmp_path / 'big' / 'train_x.bin')  # refused before writing anything
+    d = dict(n=0, f=0.5, b=True)
+    configurator.configure(d, d, ['--n=1e3', '--f=2', '--b=false'])  # prepare.py's parser is every script's
+    assert d == dict(n=1000, f=2.0, b=False)
 
 # -----------------------------------------------------------------------------
 # the loader refuses what is not a complete dataset
@@ -197,24 +205,26 @@ def test_loader_errors(tmp_path):
 def test_interrupted_write_is_never_accepted(tmp_path, monkeypatch):
     d = make(tmp_path, 's5', '--group=S3', *SMALL)
     assert load_meta(d)
-    real = prepare.write_examples
+    real = dataset.write_examples
 
     def crash_at_test(out_dir, split, *a):
         if split == 'test':
             raise KeyboardInterrupt  # e.g. Ctrl-C half way
         return real(out_dir, split, *a)
 
-    monkeypatch.setattr(prepare, 'write_examples', crash_at_test)
-    with pytest.raises(KeyboardInterrupt):
+    monkeypatch.setattr(dataset, 'write_examples', crash_at_test)
+    with pytest.raises(SystemExit) as e:
         make(tmp_path, 's5', '--group=S3', *SMALL)  # re-preparing the same folder
+    assert e.value.code == 130  # one line, 'interrupted'
     with pytest.raises(DataError, match='no meta.json'):
         load_meta(d)
     with pytest.raises(DataError):
         load_split(d, 'train')
     assert not glob.glob(os.path.join(d, '*.tmp.*'))  # temp files cleaned up
+    assert not glob.glob(os.path.join(d, '*.bin'))  # and the splits written before the interruption
 
     # the same for a token corpus, interrupted in the middle of the stream
-    monkeypatch.setattr(prepare, 'write_examples', real)
+    monkeypatch.setattr(dataset, 'write_examples', real)
     src = tmp_path / 'corpus.txt'
     src.write_text('\n\n'.join(f'paragraph {i} ' * 5 for i in range(40)))
 
@@ -224,8 +234,8 @@ def test_interrupted_write_is_never_accepted(tmp_path, monkeypatch):
                 raise RuntimeError('disk full')
             yield item
 
-    real_encoded = prepare.encoded_docs
-    monkeypatch.setattr(prepare, 'encoded_docs', crash_after)
+    real_encoded = corpora.encoded_docs
+    monkeypatch.setattr(corpora, 'encoded_docs', crash_after)
     with pytest.raises(RuntimeError):
         make(tmp_path, 'text', f'--input={src}', f'--cache_dir={tmp_path}/hf', name='t')
     with pytest.raises(DataError, match='no meta.json'):
@@ -292,13 +302,13 @@ def test_hub_pipeline_with_fakes(tmp_path, monkeypatch):
     Checks <|endoftext|> PRECEDES every document, the own val split, --max_tokens,
     and that num_proc=2 (and small shards) writes the same bytes as num_proc=1."""
     import datasets
-    monkeypatch.setattr(prepare, 'gpt2_encoding', lambda: FakeGPT2())
+    monkeypatch.setattr(corpora, 'gpt2_encoding', lambda: FakeGPT2())
     docs = {'train': [{'text': f'story {i} ' * (i % 4 + 1)} for i in range(50)],
             'validation': [{'text': f'val {i}'} for i in range(5)]}
     monkeypatch.setattr(datasets, 'load_dataset', lambda path, name=None, split=None, **kw: docs[split])
-    monkeypatch.setattr(prepare, 'check_hub', lambda *a: None)  # the Hub is faked: no reachability probe
+    monkeypatch.setattr(corpora, 'check_hub', lambda *a: None)  # the Hub is faked: no reachability probe
     outs = [make(tmp_path, 'tinystories', '--num_proc=1', name='ts1')]
-    monkeypatch.setattr(prepare, 'SHARD_TOKENS', 7)  # many small shards appended
+    monkeypatch.setattr(corpora, 'SHARD_TOKENS', 7)  # many small shards appended
     outs.append(make(tmp_path, 'tinystories', '--num_proc=2', name='ts2'))
     assert files_of(outs[0]) == files_of(outs[1])
     meta = load_meta(outs[0])
@@ -320,8 +330,8 @@ def test_hub_pipeline_with_fakes(tmp_path, monkeypatch):
 
 def test_hub_offline_is_one_line(tmp_path):
     # the dataset download fails (offline): tiktoken faked so that the Hub step is reached
-    code = ("import prepare, sys; sys.path.insert(0, 'tests'); from test_prepare import FakeGPT2; "
-            "prepare.gpt2_encoding = lambda: FakeGPT2(); prepare.main(sys.argv[1:])")
+    code = ("import corpora, prepare, sys; sys.path.insert(0, 'tests'); from test_prepare import FakeGPT2; "
+            "corpora.gpt2_encoding = lambda: FakeGPT2(); prepare.main(sys.argv[1:])")
     for name in ('tinystories', 'fineweb_edu'):
         r = run_cli('-c', code, name, f'--out_dir={tmp_path}/{name}', env={'HF_HOME': str(tmp_path / 'hf')})
         assert r.returncode == 1

@@ -24,7 +24,9 @@ import pytest
 import torch
 
 import configurator
-import model as model_py
+import checkpoint
+import corpora
+import dataset
 import prepare
 from test_train import ROOT, common, params, run
 
@@ -231,7 +233,7 @@ def test_save_fsyncs_file_and_folder(tmp_path, monkeypatch):
         synced.append(os.path.realpath(f'/proc/self/fd/{fd}'))
         real(fd)
     monkeypatch.setattr(os, 'fsync', fsync)
-    model_py.save_checkpoint({'x': 1}, str(tmp_path / 'ckpt.pt'))
+    checkpoint.save_checkpoint({'x': 1}, str(tmp_path / 'ckpt.pt'))
     folder = os.path.realpath(tmp_path)
     assert len(synced) == 2 and synced[0].startswith(os.path.join(folder, 'ckpt.pt.tmp.')) and synced[1] == folder
     assert os.listdir(tmp_path) == ['ckpt.pt'] and torch.load(tmp_path / 'ckpt.pt')['x'] == 1
@@ -263,7 +265,7 @@ def test_bad_setting_is_one_line_before_the_model(data, tmp_path, args, msg):
         pytest.skip('CUDA is available here')
     if args == ['--dataset=bad_ids']:
         shutil.copytree(os.path.join(data, 'chars'), tmp_path / 'bad_ids')
-        meta = prepare.load_meta(tmp_path / 'bad_ids')
+        meta = dataset.load_meta(tmp_path / 'bad_ids')
         ids = np.memmap(tmp_path / 'bad_ids' / 'val.bin', dtype=meta['dtype'], mode='r+')
         ids[3] = 999  # a corrupt id; the file size is unchanged, so load_meta accepts it
         ids.flush()
@@ -331,15 +333,17 @@ def test_one_bool_parser_for_all_scripts():
                       ('False', False), ('false', False), ('0', False), ('NO', False)]:
         g = {'compile': not want}
         configurator.configure(g, ['compile'], [f'--compile={raw}'])
-        assert g['compile'] is want and prepare.parse_value('streaming', raw, False) is want, raw
+        assert g['compile'] is want, raw
     for raw in ('maybe', '2', ''):
         with pytest.raises(SystemExit):
             configurator.configure({'compile': False}, ['compile'], [f'--compile={raw}'])
-        with pytest.raises(SystemExit):
-            prepare.parse_value('streaming', raw, False)
+    # prepare.py and bench.py parse with the same function (no parser of their own)
+    for script in ('prepare.py', 'bench.py', 'train.py', 'sample.py', 'compare.py'):
+        src = open(os.path.join(ROOT, script)).read()
+        assert 'configure(' in src and not any(w in src for w in ('literal_eval', 'def parse_args', 'def set_key')), script
 
 
 def test_prepare_text_on_an_empty_file(tmp_path):
     (tmp_path / 'empty.txt').write_text('')
     with pytest.raises(SystemExit, match='the file is empty'):
-        prepare.prepare_text(dict(prepare.TEXT_DEFAULTS, input=str(tmp_path / 'empty.txt'), out_dir=str(tmp_path / 'o')))
+        corpora.prepare_text(dict(corpora.TEXT_DEFAULTS, input=str(tmp_path / 'empty.txt'), out_dir=str(tmp_path / 'o')))

@@ -22,7 +22,8 @@ pytest.importorskip('transformers')
 from transformers import GPT2Config, LlamaConfig, LlamaForCausalLM  # noqa: E402
 from transformers.models.llama import modeling_llama  # noqa: E402
 
-from model import GPT, CheckpointError, rope_tables  # noqa: E402
+from checkpoint import CheckpointError, from_pretrained  # noqa: E402
+from model import GPT, rope_tables  # noqa: E402
 
 V, T, L = 61, 24, 3
 TIGHT = 1e-12      # vs transformers with its float32 norm/RoPE upcasts lifted
@@ -90,7 +91,7 @@ def max_diff(hf, model, idx, **kw):
 @pytest.mark.parametrize('tied', [False, True], ids=['untied', 'tied'])
 def test_logits_match_hf(tmp_path, f64_reference, n_kv_head, tied):
     hf = make_hf(tmp_path, n_kv_head=n_kv_head, tied=tied)
-    model = GPT.from_pretrained(tmp_path, dtype=torch.float64)
+    model = from_pretrained(tmp_path, dtype=torch.float64)
     c = model.config
     assert (c.n_layer, c.n_head, c.n_kv_head, c.n_embd, c.mlp_hidden, c.vocab_size) == (L, 4, n_kv_head, 32, 48, V)
     assert (c.block_size, c.norm_eps, c.rope_theta, c.tie_embeddings) == (64, 1e-2, 100.0, tied)
@@ -104,11 +105,11 @@ def test_logits_match_unmodified_hf(ckpt):
     float32 model: agreement to float32 rounding."""
     hf, path = ckpt
     idx = tokens()
-    model = GPT.from_pretrained(path)
+    model = from_pretrained(path)
     assert all(p.dtype == torch.float32 for p in model.parameters())
     with torch.no_grad():
         ref = hf(idx).logits
-        ours64, _ = GPT.from_pretrained(path, dtype=torch.float64)(idx)
+        ours64, _ = from_pretrained(path, dtype=torch.float64)(idx)
         ours32, _ = model(idx)
     assert (ours64 - ref).abs().max().item() < LOOSE
     assert (ours32.double() - ref).abs().max().item() < LOOSE
@@ -118,7 +119,7 @@ def test_bf16_checkpoint_upcast_exactly(tmp_path):
     """Weights are read in the checkpoint's dtype and upcast exactly; float32 by default."""
     hf = make_hf(tmp_path / 'f64').to(torch.bfloat16)
     hf.save_pretrained(tmp_path / 'bf16')
-    model = GPT.from_pretrained(tmp_path / 'bf16')
+    model = from_pretrained(tmp_path / 'bf16')
     assert model.wte.weight.dtype == torch.float32
     assert torch.equal(model.wte.weight, hf.model.embed_tokens.weight.float())
     assert torch.equal(model.h[1].mlp.w_down.weight, hf.model.layers[1].mlp.down_proj.weight.float())
@@ -166,7 +167,7 @@ def test_tolerance_catches_mistakes(ckpt, f64_reference):
         m.rope_cos, m.rope_sin = cos.double(), sin.double()
 
     for mistake in (transpose_wq, swap_gate_up, swap_norms, interleaved_rope, default_eps, default_theta):
-        model = GPT.from_pretrained(path, dtype=torch.float64)
+        model = from_pretrained(path, dtype=torch.float64)
         assert max_diff(hf, model, idx) < TIGHT
         with torch.no_grad():
             mistake(model)
@@ -193,33 +194,33 @@ MODES = {
 @pytest.mark.parametrize('rec', RECS)
 def test_recurrence_at_identity_matches_hf(ckpt, f64_reference, rec, mode):
     hf, path = ckpt
-    model = GPT.from_pretrained(path, dtype=torch.float64, **RECS[rec])
+    model = from_pretrained(path, dtype=torch.float64, **RECS[rec])
     assert model.rec == RECS[rec]['recurrence']
     if model.rec == 't2mlr':
         assert model.fusion is not None and model.config.rec_gate_gain == 1e-2  # retrofit default
     else:
-        assert model.config.lrt_identity_init and model.lrt_fb is not None
+        assert model.config.lrt_identity_init and model.lrt.fb is not None
     assert max_diff(hf, model, tokens(), **MODES[mode]) < TIGHT
 
 
 def test_lrt_identity_init_can_be_declined(ckpt, f64_reference):
     hf, path = ckpt
-    model = GPT.from_pretrained(path, dtype=torch.float64, recurrence='lrt', lrt_identity_init=False)
+    model = from_pretrained(path, dtype=torch.float64, recurrence='lrt', lrt_identity_init=False)
     assert not model.config.lrt_identity_init
     assert max_diff(hf, model, tokens()) > 1e-3  # gamma = 0.1, W_fb random: not the pretrained model
 
 
 def test_overrides(ckpt):
     _, path = ckpt
-    assert GPT.from_pretrained(path, block_size=32).config.block_size == 32
-    assert GPT.from_pretrained(path, recurrence='t2mlr', rec_gate_gain=1.0).config.rec_gate_gain == 1.0
-    assert GPT.from_pretrained(path, dtype='float64').wte.weight.dtype == torch.float64
+    assert from_pretrained(path, block_size=32).config.block_size == 32
+    assert from_pretrained(path, recurrence='t2mlr', rec_gate_gain=1.0).config.rec_gate_gain == 1.0
+    assert from_pretrained(path, dtype='float64').wte.weight.dtype == torch.float64
     with pytest.raises(CheckpointError, match=r"\['n_layer'\] are set by the checkpoint"):
-        GPT.from_pretrained(path, n_layer=2)
+        from_pretrained(path, n_layer=2)
     with pytest.raises(CheckpointError, match="unknown GPTConfig fields"):
-        GPT.from_pretrained(path, n_layers=2)
+        from_pretrained(path, n_layers=2)
     with pytest.raises(ValueError, match="rec_end=5 is out of range"):
-        GPT.from_pretrained(path, recurrence='t2mlr', rec_end=5)
+        from_pretrained(path, recurrence='t2mlr', rec_end=5)
 
 # -----------------------------------------------------------------------------
 # errors: one clear line each
@@ -241,17 +242,17 @@ def test_missing_transformers(monkeypatch, tmp_path):
 
     monkeypatch.setattr(builtins, '__import__', fake_import)
     with pytest.raises(ImportError) as e:
-        GPT.from_pretrained(tmp_path)
+        from_pretrained(tmp_path)
     assert 'pip install transformers' in one_line(e)
     assert e.value.__suppress_context__
 
 
 def test_missing_local_path(tmp_path):
     with pytest.raises(CheckpointError, match="no checkpoint folder at") as e:
-        GPT.from_pretrained(tmp_path / 'nope')
+        from_pretrained(tmp_path / 'nope')
     one_line(e)
     with pytest.raises(CheckpointError, match="no readable config.json") as e:
-        GPT.from_pretrained(tmp_path)  # exists, but empty
+        from_pretrained(tmp_path)  # exists, but empty
     one_line(e)
 
 
@@ -259,14 +260,14 @@ def test_hub_name_offline(monkeypatch):
     import huggingface_hub.constants
     monkeypatch.setattr(huggingface_hub.constants, 'HF_HUB_OFFLINE', True)
     with pytest.raises(CheckpointError, match="could not be fetched from the Hugging Face Hub") as e:
-        GPT.from_pretrained('no-such-user-7f3a/no-such-model')
+        from_pretrained('no-such-user-7f3a/no-such-model')
     one_line(e)
 
 
 def test_non_llama(tmp_path):
     GPT2Config(n_layer=2, n_embd=32, n_head=4).save_pretrained(tmp_path)
     with pytest.raises(CheckpointError, match="model_type 'gpt2' is not a Llama-architecture checkpoint") as e:
-        GPT.from_pretrained(tmp_path)
+        from_pretrained(tmp_path)
     one_line(e)
 
 
@@ -281,7 +282,7 @@ def test_unsupported_llama_config(tmp_path, kw, msg):
     LlamaConfig(vocab_size=V, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
                 intermediate_size=48, num_hidden_layers=2, **kw).save_pretrained(tmp_path)
     with pytest.raises(CheckpointError, match=msg) as e:
-        GPT.from_pretrained(tmp_path)
+        from_pretrained(tmp_path)
     one_line(e)
 
 
@@ -289,5 +290,5 @@ def test_config_without_weights(tmp_path):
     LlamaConfig(vocab_size=V, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
                 intermediate_size=48, num_hidden_layers=2).save_pretrained(tmp_path)
     with pytest.raises(CheckpointError, match="could not load the weights") as e:
-        GPT.from_pretrained(tmp_path)
+        from_pretrained(tmp_path)
     one_line(e)

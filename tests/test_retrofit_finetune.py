@@ -23,9 +23,12 @@ import torch
 pytest.importorskip('transformers')
 from transformers import AutoTokenizer  # noqa: E402
 
+import dataset
+import sft
 import prepare  # noqa: E402
-from model import load_checkpoint  # noqa: E402
-from prepare import DataError, extract_answer, load_answers, load_meta, load_rec_mask, load_split  # noqa: E402
+from checkpoint import load_checkpoint  # noqa: E402
+from dataset import DataError, load_answers, load_meta, load_rec_mask, load_split
+from sft import extract_answer  # noqa: E402
 import sample  # noqa: E402
 from sample import evaluate_answers  # noqa: E402
 
@@ -59,11 +62,11 @@ def setup(tmp_path_factory):
     """tmp/llama (random Llama + tokenizer), tmp/sums.jsonl, tmp/data/sums (prepared)."""
     root = tmp_path_factory.mktemp('retrofit')
     llama = root / 'llama'
-    prepare.make_tiny_tokenizer(llama)
-    prepare.make_tiny_llama(llama, vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+    sft.make_tiny_tokenizer(llama)
+    sft.make_tiny_llama(llama, vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                             max_position_embeddings=48)
-    records = list(prepare.running_sums(np.random.default_rng(0), 300, 3))  # rows of one length...
-    records += list(prepare.running_sums(np.random.default_rng(1), 20, 2))  # ...and shorter ones (padding)
+    records = list(sft.running_sums(np.random.default_rng(0), 300, 3))  # rows of one length...
+    records += list(sft.running_sums(np.random.default_rng(1), 20, 2))  # ...and shorter ones (padding)
     with open(root / 'sums.jsonl', 'w') as f:
         f.writelines(json.dumps(r) + '\n' for r in records)
     prepare.main(['jsonl', f'--input={root}/sums.jsonl', f'--tokenizer={llama}', '--val_frac=0.1', '--test_frac=0.1',
@@ -130,7 +133,7 @@ def test_extract_answer():
 
 def test_chat_template(setup, tmp_path):
     root, llama, records = setup
-    tok = prepare.make_tiny_tokenizer(tmp_path / 'chat', chars=prepare.DEMO_CHARS + 'QA')
+    tok = sft.make_tiny_tokenizer(tmp_path / 'chat', chars=sft.DEMO_CHARS + 'QA')
     tok.chat_template = ("{% for m in messages %}Q{{ m['content'] }}{% endfor %}"
                          "{% if add_generation_prompt %}A{% endif %}")
     tok.save_pretrained(tmp_path / 'chat')
@@ -153,7 +156,7 @@ def test_gsm8k_with_fake_hub(setup, tmp_path, monkeypatch):
     rows = {'train': [{'question': f' {i}+1= ', 'answer': f'{i}+1=<<{i}+1={i + 1}>>{i + 1}\n#### {i + 1}'} for i in range(12)],
             'test': [{'question': '2+2=', 'answer': '2+2=<<2+2=4>>4\n#### 4'}]}
     monkeypatch.setattr(datasets, 'load_dataset', lambda path, name=None, split=None, **kw: rows[split])
-    monkeypatch.setattr(prepare, 'check_hub', lambda *a: None)  # the Hub is faked: no reachability probe
+    monkeypatch.setattr(sft, 'check_hub', lambda *a: None)  # the Hub is faked: no reachability probe
     d = str(tmp_path / 'g')
     prepare.main(['gsm8k', f'--tokenizer={llama}', '--n_val=2', f'--out_dir={d}'])
     meta = load_meta(d)
@@ -275,7 +278,7 @@ def test_resume_a_retrofit_run_exactly(setup, trained, tmp_path):
 def test_tokenizer_vocab_larger_than_the_model(setup, tmp_path):
     root, llama, _ = setup
     big = tmp_path / 'big'
-    prepare.make_tiny_tokenizer(big, chars=prepare.DEMO_CHARS + 'abcdefghijklmnopqrstuvwxyz')  # 44 tokens > 32
+    sft.make_tiny_tokenizer(big, chars=sft.DEMO_CHARS + 'abcdefghijklmnopqrstuvwxyz')  # 44 tokens > 32
     prepare.main(['jsonl', f'--input={root}/sums.jsonl', f'--tokenizer={big}', f'--out_dir={tmp_path}/data/big'])
     p = run('train.py', '--dataset=big', f'--data_root={tmp_path}/data', f'--init_from={llama}',
             f'--out_dir={tmp_path}/out', cwd=tmp_path, check=False)
@@ -294,7 +297,7 @@ def test_missing_tokenizer_folder(setup, tmp_path):
         prepare.main(['jsonl', f'--input={root}/sums.jsonl', f'--tokenizer={tmp_path}/nope'])
     assert f'no tokenizer folder at {tmp_path}/nope' in one_line(e)
     with pytest.raises(DataError) as e:  # sample.py's path, once the folder is gone
-        prepare.get_tokenizer(dict(tokenizer='hf', hf_tokenizer=str(tmp_path / 'gone')))
+        dataset.get_tokenizer(dict(tokenizer='hf', hf_tokenizer=str(tmp_path / 'gone')))
     assert 'no tokenizer folder' in one_line(e)
 
 

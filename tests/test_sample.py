@@ -16,8 +16,11 @@ import numpy as np
 import pytest
 import torch
 
+import dataset
+import tasks
 import prepare
-from model import GPT, GPTConfig, save_checkpoint
+from checkpoint import save_checkpoint
+from model import GPT, GPTConfig
 from sample import evaluate, encode_prompt, read_prompt
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -135,10 +138,10 @@ def s3(tmp_path_factory):
 
 @pytest.mark.parametrize('rec', ['t2mlr', 'none'])
 def test_show_labels_s3(s3, rec):
-    from model import load_checkpoint
+    from checkpoint import load_checkpoint
     data, ckpts = s3
-    meta = prepare.load_meta(data)
-    names, mul = prepare.make_group('S3')
+    meta = dataset.load_meta(data)
+    names, mul = tasks.make_group('S3')
     word = np.random.default_rng(5).integers(0, 6, size=10)
     code, out, err = run_here(f'--init_from={ckpts[rec]}', '--start=' + ' '.join(names[i] for i in word))
     assert code == 0, err
@@ -147,7 +150,7 @@ def test_show_labels_s3(s3, rec):
     pred = model.eval()(torch.tensor(word[None]), mode='exact')[0].argmax(-1)[0].tolist()
     if rec == 't2mlr':  # the state matters here: a plain forward would show other predictions
         assert pred != model(torch.tensor(word[None]), mode='plain')[0].argmax(-1)[0].tolist()
-    want = [names[i] for i in prepare.running_product(mul, word[None])[0]]
+    want = [names[i] for i in tasks.running_product(mul, word[None])[0]]
     rows = table(out)
     assert [r[0] for r in rows] == list(range(10)) and [r[1] for r in rows] == [names[i] for i in word]
     assert [r[3] for r in rows] == want and [r[2] for r in rows] == [names[i] for i in pred]
@@ -159,7 +162,7 @@ def test_show_labels_s3(s3, rec):
     # a stored row: its stored labels
     code, out, err = run_here(f'--init_from={ckpts[rec]}', '--show_split=test_12', '--show_row=3')
     assert code == 0, err
-    x, y = prepare.load_split(data, 'test_12', meta)
+    x, y = dataset.load_split(data, 'test_12', meta)
     rows = table(out)
     assert 'test_12 row 3' in out and [r[1] for r in rows] == [names[i] for i in x[3]]
     assert [r[3] for r in rows] == [names[i] for i in y[3]]
@@ -176,15 +179,15 @@ def test_show_labels_errors_are_one_line(s3, args, msg):
 
 def test_missing_dataset_message(tmp_path):
     # it names the built-in tasks and says a dataset can be your own (write_task), not only those
-    with pytest.raises(prepare.DataError) as e:
-        prepare.load_meta(str(tmp_path / 'mine'))
+    with pytest.raises(dataset.DataError) as e:
+        dataset.load_meta(str(tmp_path / 'mine'))
     msg = str(e.value.code)
     assert msg.startswith(f"error: no dataset at {tmp_path / 'mine'}") and 'meta.json' in msg
-    assert 'python prepare.py TASK' in msg and 's5_retrieval' in msg and 'write_task' in msg
-    assert "README 'Add your own task'" in msg
+    assert 'python prepare.py NAME' in msg and 'prepare.py --help' in msg and 'write_task' in msg
+    assert 'docs/tasks.md' in msg
     (tmp_path / 'mine').mkdir()  # a folder without meta.json: the same hint
-    with pytest.raises(prepare.DataError, match="no meta.json.*write_task"):
-        prepare.load_meta(str(tmp_path / 'mine'))
+    with pytest.raises(dataset.DataError, match="no meta.json.*write_task"):
+        dataset.load_meta(str(tmp_path / 'mine'))
     # sample.py prints it as one line (train.py calls the same load_meta and prints the same)
     code, _, err = run_here('--init_from=scratch', f'--data_root={tmp_path}', '--dataset=nothere')
     assert code == 1 and err.count('\n') == 1 and 'no dataset at' in err and 'write_task' in err, err  # no notes before it
@@ -198,9 +201,9 @@ def test_bad_checkpoint_is_one_line(setup, tmp_path):
         assert r.returncode == 1 and 'Traceback' not in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1 and msg in r.stderr, r.stderr
     # a prompt token the dataset does not have: one line too (DataError is a SystemExit)
-    encode, _ = prepare.get_tokenizer(prepare.load_meta(setup[1]))
-    with pytest.raises(prepare.DataError, match="'2' is not in the vocabulary"):
-        encode_prompt('0 2', prepare.load_meta(setup[1]), encode)
+    encode, _ = dataset.get_tokenizer(dataset.load_meta(setup[1]))
+    with pytest.raises(dataset.DataError, match="'2' is not in the vocabulary"):
+        encode_prompt('0 2', dataset.load_meta(setup[1]), encode)
 
 
 def test_eval_split(setup):
@@ -211,15 +214,15 @@ def test_eval_split(setup):
     assert m, r.stdout
     assert int(m.group(3)) == 12 * 24 and int(m.group(6)) == 12
     # the same numbers computed here, batch by batch vs whole split
-    from model import load_checkpoint
+    from checkpoint import load_checkpoint
     from contextlib import nullcontext
     model, _ = load_checkpoint(str(root / 'ckpt.pt'))
     model.eval()
-    x, y = prepare.load_split(data, 'test_24')
+    x, y = dataset.load_split(data, 'test_24')
     logits, _ = model(torch.from_numpy(x.astype('int64')), mode='exact')
     right = (logits.argmax(-1).numpy() == y)
     assert int(m.group(2)) == right.sum() and int(m.group(5)) == right.all(1).sum()
-    assert evaluate(model, data, prepare.load_meta(data), 'test_24', 7, 'cpu', nullcontext())[0] == pytest.approx(right.mean())
+    assert evaluate(model, data, dataset.load_meta(data), 'test_24', 7, nullcontext())[0] == pytest.approx(right.mean())
 
 
 @pytest.mark.parametrize('recurrence', ['t2mlr', 'lrt', 'none'])

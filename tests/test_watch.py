@@ -16,10 +16,12 @@ try:
 except ImportError:
     HAVE_MPL = False
 
+import dataset
 import prepare
 import reference as ref
-from model import GPT, GPTConfig, save_checkpoint
-from sample import trace_values
+from checkpoint import save_checkpoint
+from model import GPT, GPTConfig
+from diagnostics import trace_values
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, 'OMP_NUM_THREADS': '1'}
@@ -37,12 +39,12 @@ def tiny(recurrence, dtype=torch.float64, seed=0, trained=True, **kw):
             if model.fusion is not None:
                 model.fusion.g_cur.fill_(0.7)
                 model.fusion.g_rec.fill_(-1.3)
-            for blk in model.h:
-                if blk.attn.lrt_gate is not None:
-                    blk.attn.lrt_gate.weight.normal_(0, 0.5)
-                if blk.lrt_gamma is not None:
-                    blk.lrt_gamma.fill_(0.8)
-                    blk.lrt_alpha.fill_(0.9)
+            if model.lrt is not None:
+                for gate in model.lrt.gate or []:
+                    gate.weight.normal_(0, 0.5)
+                if model.lrt.gamma is not None:
+                    model.lrt.gamma.fill_(0.8)
+                    model.lrt.alpha.fill_(0.9)
     return model
 
 
@@ -108,14 +110,19 @@ def test_identity_init_reliance_gap_is_exactly_zero(recurrence, kw):
 
 
 @pytest.mark.parametrize('recurrence', ['t2mlr', 'lrt'])
-def test_recording_changes_nothing(recurrence):
+def test_watching_changes_nothing(recurrence):
+    from diagnostics import values, watch
     model = tiny(recurrence, dtype=torch.float32)
     idx = torch.randint(5, (2, 7), generator=torch.Generator().manual_seed(6))
     want = model(idx, mode='exact')[0]
-    with model.recording() as rec:
+    with watch(model) as rec:
         got = model(idx, mode='exact')[0]
-    assert torch.equal(got, want) and rec['state'][0][1].shape == (2, 1, 16)  # the span runs token by token
-    assert all(m.__dict__.get('recorder', 'gone') == 'gone' for m in model.modules())  # off again, no leftovers
+    assert torch.equal(got, want) and rec['state'][0].shape == (2, 1, 16)  # the span runs token by token
+    assert values(rec, 'state').shape == (2, 7, 16)
+    hooks = lambda: sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+    assert hooks() == 0  # removed on exit: no leftovers
+    with watch(model):
+        assert hooks() > 0
 
 
 # -----------------------------------------------------------------------------
@@ -180,11 +187,12 @@ def naive_trace_position(model, ids, t):
                 out[f'gate_{name}_mean'], out[f'gate_{name}_std'] = gate.mean().item(), gate.std(correction=0).item()
             x = ref.fuse(model, x, S)
         if c.recurrence == 'lrt' and i >= c.rec_start:
-            b = model.h[i]
-            out[f'gamma_m.{i}'] = (b.lrt_gamma * S[t]).norm().item()
-            out[f'alpha_x.{i}'] = (b.lrt_alpha * x[t]).norm().item()
-            a = ref.rms(b.lrt_alpha * x + b.lrt_gamma * S, b.ln_1.weight, c.norm_eps)[t]
-            g = 2 * torch.sigmoid(a[..., :b.attn.lrt_gate.in_features] @ b.attn.lrt_gate.weight.T)  # first the Hkv local gates, then the feedback ones
+            b, j = model.h[i], i - c.rec_start
+            alpha, gamma, W_g = model.lrt.alpha[j], model.lrt.gamma[j], model.lrt.gate[j].weight
+            out[f'gamma_m.{i}'] = (gamma * S[t]).norm().item()
+            out[f'alpha_x.{i}'] = (alpha * x[t]).norm().item()
+            a = ref.rms(alpha * x + gamma * S, b.ln_1.weight, c.norm_eps)[t]
+            g = 2 * torch.sigmoid(a[..., :W_g.shape[1]] @ W_g.T)  # first the Hkv local gates, then the feedback ones
             out[f'g_loc.{i}'], out[f'g_fb.{i}'] = g[:c.n_kv_head].mean().item(), g[c.n_kv_head:].mean().item()
         x = ref.block(model, i, x, S if c.recurrence == 'lrt' and i >= c.rec_start else None)
     logits = ref.rms(x, model.ln_f.weight, c.norm_eps) @ model.lm_head.weight.T
@@ -239,12 +247,12 @@ def test_trace_cli_json(parity, ckpts, tmp_path):
     assert r.returncode == 0, r.stderr
     got = json.load(open(tmp_path / 'tr.json'))
     cols = got['columns']
-    x, y = prepare.load_split(str(parity / 's5_Z2'), 'test')
+    x, y = dataset.load_split(str(parity / 's5_Z2'), 'test')
     assert cols['token'] == x[1].tolist() and cols['label'] == y[1].tolist()  # row 1 and its labels
     assert got['recurrence'] == 't2mlr' and len(cols['pos']) == 8
     assert os.path.isfile(tmp_path / 'tr.png') or not HAVE_MPL  # the plot needs the optional matplotlib
     # the JSON holds what the float64 recomputation gives (the model ran in float32)
-    from model import load_checkpoint
+    from checkpoint import load_checkpoint
     model, _ = load_checkpoint(str(ckpts / 't2mlr.pt'))
     model = model.double().eval()
     ids = torch.tensor(cols['token'])

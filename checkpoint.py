@@ -1,0 +1,271 @@
+"""
+Checkpoints in and out of model.GPT: the one format train.py, sample.py and bench.py share,
+and the import of a pretrained Hugging Face Llama (SmolLM2, ...) for retrofitting.
+
+  save_checkpoint(ckpt, path)          atomic and durable (temp file, fsync, rename, fsync dir)
+  load_checkpoint(path) -> (model, ckpt)   every failure one CheckpointError line; checkpoints
+                                       of older versions of this repo are upgraded on load
+  from_pretrained(name, **overrides)   a Hugging Face Llama checkpoint as a GPT, the recurrence at identity
+"""
+
+import os
+import re
+
+import torch
+
+from model import GPT, GPTConfig
+
+
+class CheckpointError(ValueError):
+    pass
+
+# -----------------------------------------------------------------------------
+# save and load
+
+def save_checkpoint(ckpt, path):
+    """Write a temporary file next to path, fsync it, rename it over path, fsync the folder:
+    an interrupted save (or a power cut) never destroys the last good checkpoint. A save
+    killed mid-write leaves path.tmp.<pid>: remove_stale_tmp."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, 'wb') as f:
+        torch.save(ckpt, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    try:  # make the rename durable (a no-op where folders cannot be opened)
+        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def remove_stale_tmp(path):
+    """Delete the temporary files save_checkpoint(..., path) left when a process was killed
+    mid-save: only names path.tmp.<pid> (our own pattern) whose process is gone. -> the removed paths."""
+    folder, name = os.path.split(os.path.abspath(path))
+    pattern = re.compile(re.escape(name) + r'\.tmp\.(\d+)$')
+    removed = []
+    for f in os.listdir(folder) if os.path.isdir(folder) else []:
+        m = pattern.match(f)
+        if not m or _pid_alive(int(m.group(1))):
+            continue
+        try:
+            os.remove(os.path.join(folder, f))
+            removed.append(os.path.join(folder, f))
+        except OSError:
+            pass
+    return removed
+
+
+def _pid_alive(pid):
+    if pid == os.getpid():
+        return False  # our own leftover cannot be mid-write: we are not saving now
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def upgrade_state_dict(sd, config):
+    """State dicts written by older versions of this repo, in today's layout:
+      wq, wk, wv -> wqkv; w_gate, w_up -> w_gu (the fused projections, stacked by rows);
+      LRT in one module: lrt_fb_k.j + lrt_fb_v.j or lrt_fb.j -> lrt.fb.j,
+      h.i.attn.lrt_gate -> lrt.gate.(i - s), the per-block scalars h.i.lrt_alpha / h.i.lrt_gamma
+      -> the vectors lrt.alpha / lrt.gamma (one entry per reading layer i >= s)."""
+    fused = {'.attn.wq.weight': ('.attn.wqkv.weight', ('.attn.wq.weight', '.attn.wk.weight', '.attn.wv.weight')),
+             '.mlp.w_gate.weight': ('.mlp.w_gu.weight', ('.mlp.w_gate.weight', '.mlp.w_up.weight'))}
+    s = config.rec_start
+    alpha, gamma = {}, {}
+    for key in list(sd):
+        for first, (new, parts) in fused.items():
+            if key.endswith(first):
+                pre = key[:-len(first)]
+                sd[pre + new] = torch.cat([sd.pop(pre + p) for p in parts], 0)
+        if key.startswith('lrt_fb_k.'):
+            j = key.split('.')[1]
+            sd[f'lrt.fb.{j}.weight'] = torch.cat([sd.pop(key), sd.pop(f'lrt_fb_v.{j}.weight')], 0)
+        elif key.startswith('lrt_fb.'):
+            sd['lrt.fb.' + key[len('lrt_fb.'):]] = sd.pop(key)
+        m = re.fullmatch(r'h\.(\d+)\.(attn\.lrt_gate\.weight|lrt_alpha|lrt_gamma)', key)
+        if m:
+            i, what = int(m.group(1)), m.group(2)
+            if what == 'attn.lrt_gate.weight':
+                sd[f'lrt.gate.{i - s}.weight'] = sd.pop(key)
+            else:
+                (alpha if what == 'lrt_alpha' else gamma)[i] = sd.pop(key)
+    for name, vals in (('alpha', alpha), ('gamma', gamma)):
+        if vals:
+            sd[f'lrt.{name}'] = torch.stack([vals[i] for i in sorted(vals)])
+    return sd
+
+
+def load_checkpoint(path, device='cpu'):
+    """Returns (model, ckpt). ckpt holds at least 'model' (state dict) and 'model_args'
+    (GPTConfig fields). Every failure is one CheckpointError line."""
+    if not os.path.isfile(path):
+        raise CheckpointError(f"no checkpoint at {path}")
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=False)
+    except Exception as e:
+        raise CheckpointError(f"{path} is not a readable checkpoint (corrupt or truncated?): {type(e).__name__}: {e}") from None
+    if not isinstance(ckpt, dict) or 'model' not in ckpt or 'model_args' not in ckpt:
+        raise CheckpointError(f"{path} is not a checkpoint of this repo (no 'model'/'model_args')")
+    unknown = set(ckpt['model_args']) - set(GPTConfig.__dataclass_fields__)
+    if unknown:
+        raise CheckpointError(f"{path} has model args this code does not know: {sorted(unknown)}")
+    try:
+        model = GPT(GPTConfig(**ckpt['model_args']))
+    except ValueError as e:
+        raise CheckpointError(f"{path}: invalid model args: {e}") from None
+    sd = {k.removeprefix('_orig_mod.').removeprefix('module.'): v for k, v in ckpt['model'].items()}
+    sd = upgrade_state_dict(sd, model.config)
+    if {v.dtype for v in sd.values() if v.is_floating_point()} == {torch.float64}:
+        model = model.double()  # a float64 run (tests): loading into float32 would round the weights
+    try:
+        model.load_state_dict(sd)
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()
+        raise CheckpointError(f"{path}: weights do not fit the model: {' '.join(first[:2])[:300]}") from None
+    return model.to(device), ckpt
+
+# -----------------------------------------------------------------------------
+# retrofit: a pretrained Hugging Face Llama checkpoint (SmolLM2, ...) as a GPT
+
+def smollm2_135m_config(**overrides):
+    """The shape of SmolLM2-135M (the T2MLR paper's backbone)."""
+    args = dict(block_size=2048, vocab_size=49152, n_layer=30, n_head=9, n_kv_head=3,
+                n_embd=576, mlp_hidden=1536, rope_theta=100000.0, norm_eps=1e-5, tie_embeddings=True)
+    args.update(overrides)
+    return GPTConfig(**args)
+
+
+# our parameter name -> LlamaForCausalLM's ({i}: layer index); a tuple: our matrix is theirs
+# stacked by rows (fused projections). Both use the rotate_half RoPE convention on q/k as
+# stored, so no weight is permuted.
+HF_LLAMA_NAMES = {
+    'wte.weight': 'model.embed_tokens.weight',
+    'h.{i}.ln_1.weight': 'model.layers.{i}.input_layernorm.weight',
+    'h.{i}.attn.wqkv.weight': ('model.layers.{i}.self_attn.q_proj.weight', 'model.layers.{i}.self_attn.k_proj.weight',
+                               'model.layers.{i}.self_attn.v_proj.weight'),
+    'h.{i}.attn.wo.weight': 'model.layers.{i}.self_attn.o_proj.weight',
+    'h.{i}.ln_2.weight': 'model.layers.{i}.post_attention_layernorm.weight',
+    'h.{i}.mlp.w_gu.weight': ('model.layers.{i}.mlp.gate_proj.weight', 'model.layers.{i}.mlp.up_proj.weight'),
+    'h.{i}.mlp.w_down.weight': 'model.layers.{i}.mlp.down_proj.weight',
+    'ln_f.weight': 'model.norm.weight',
+    'lm_head.weight': 'lm_head.weight',
+}
+
+
+def hf_llama_config_args(hf, name):
+    """GPTConfig fields from a transformers config. Anything this GPT would not reproduce
+    exactly (biases, another activation, scaled RoPE, ...) is an error."""
+    def bad(msg):
+        raise CheckpointError(f"{name}: {msg}")
+    if hf.model_type != 'llama':
+        bad(f"model_type {hf.model_type!r} is not a Llama-architecture checkpoint (from_pretrained loads model_type 'llama', e.g. SmolLM2)")
+    if getattr(hf, 'hidden_act', 'silu') != 'silu':
+        bad(f"hidden_act {hf.hidden_act!r} is not supported (the MLP is SwiGLU: silu)")
+    for k in ('attention_bias', 'mlp_bias'):
+        if getattr(hf, k, False):
+            bad(f"{k}=True is not supported (this GPT has no biases)")
+    n_head = hf.num_attention_heads
+    head_dim = getattr(hf, 'head_dim', None) or hf.hidden_size // n_head
+    if head_dim * n_head != hf.hidden_size:
+        bad(f"head_dim={head_dim} is not supported (this GPT needs head_dim * num_attention_heads = hidden_size = {hf.hidden_size})")
+    rope = dict(getattr(hf, 'rope_parameters', None) or {})  # transformers >= 5
+    scaling = rope or dict(getattr(hf, 'rope_scaling', None) or {})  # transformers 4
+    rope_type = scaling.get('rope_type', scaling.get('type', 'default'))
+    if rope_type != 'default':
+        bad(f"rope scaling {rope_type!r} is not supported (only plain RoPE: rope_type 'default')")
+    return dict(block_size=hf.max_position_embeddings, vocab_size=hf.vocab_size,
+                n_layer=hf.num_hidden_layers, n_head=n_head,
+                n_kv_head=getattr(hf, 'num_key_value_heads', None) or n_head,
+                n_embd=hf.hidden_size, mlp_hidden=hf.intermediate_size,
+                rope_theta=float(rope.get('rope_theta', getattr(hf, 'rope_theta', 10000.0))),
+                norm_eps=float(hf.rms_norm_eps), tie_embeddings=bool(hf.tie_word_embeddings))
+
+
+def from_pretrained(name_or_path, dtype=torch.float32, **overrides):
+    """A Hugging Face Llama checkpoint (e.g. 'HuggingFaceTB/SmolLM2-135M' or a local folder)
+    as a GPT; overrides are GPTConfig fields (recurrence, rec_start, ...). Weights are read in
+    the checkpoint's dtype and copied (exactly, upcast) into a model built in `dtype` (float32
+    by default; float64 builds float64 RoPE tables too). block_size may be overridden; the
+    other backbone fields come from the checkpoint. The recurrence starts at identity, so the
+    logits equal the pretrained model's: T2MLR's gates g_cur = g_rec = 0 always; LRT gets
+    lrt_identity_init=True unless the caller passes lrt_identity_init=False. T2MLR defaults to
+    rec_gate_gain=1e-2 (DESIGN.md 3, fine-tuning). Needs the optional package transformers.
+    Every failure is one CheckpointError/ImportError line."""
+    try:
+        from transformers import AutoConfig, LlamaForCausalLM
+    except ImportError:
+        raise ImportError("from_pretrained needs the optional package transformers: pip install transformers") from None
+    name = str(name_or_path)
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    local = os.path.isdir(os.path.expanduser(name))
+    if not local and (os.path.isabs(name) or name.startswith(('.', '~')) or os.path.exists(name)):
+        raise CheckpointError(f"no checkpoint folder at {name}")
+    name = os.path.expanduser(name) if local else name
+
+    def one_line(e):
+        return ' '.join(str(e).split())[:300]
+    try:
+        hf_config = AutoConfig.from_pretrained(name)
+    except Exception as e:
+        if local:
+            raise CheckpointError(f"{name}: no readable config.json: {one_line(e)}") from None
+        raise CheckpointError(f"{name!r} is not a local folder and could not be fetched from the Hugging Face Hub "
+                              f"(offline, or no such repo?): {one_line(e)}") from None
+    args = hf_llama_config_args(hf_config, name)
+    fixed = (set(args) - {'block_size'}) & set(overrides)
+    if fixed:
+        raise CheckpointError(f"{name}: {sorted(fixed)} are set by the checkpoint and cannot be overridden")
+    unknown = set(overrides) - set(GPTConfig.__dataclass_fields__)
+    if unknown:
+        raise CheckpointError(f"{name}: unknown GPTConfig fields {sorted(unknown)}")
+    if overrides.get('recurrence') == 'lrt':
+        overrides.setdefault('lrt_identity_init', True)
+    if overrides.get('recurrence') == 't2mlr':
+        overrides.setdefault('rec_gate_gain', 1e-2)
+    config = GPTConfig(**{**args, **overrides})  # invalid overrides: GPTConfig's own ValueError
+
+    try:
+        hf = LlamaForCausalLM.from_pretrained(name, dtype='auto')  # the checkpoint's own dtype
+    except Exception as e:
+        raise CheckpointError(f"{name}: could not load the weights: {one_line(e)}") from None
+    theirs = hf.state_dict()
+    sd = {}
+    for ours, key in HF_LLAMA_NAMES.items():
+        if ours == 'lm_head.weight' and config.tie_embeddings:
+            theirs.pop(key, None)  # the same tensor as the embedding
+            continue
+        for i in (range(config.n_layer) if '{i}' in ours else [None]):
+            parts = []
+            for k in ((key,) if isinstance(key, str) else key):
+                k = k.format(i=i)
+                if k not in theirs:
+                    raise CheckpointError(f"{name}: the checkpoint has no weight {k}")
+                parts.append(theirs.pop(k))
+            sd[ours.format(i=i)] = torch.cat(parts, 0)  # fused projections: stacked by rows
+    if theirs:
+        raise CheckpointError(f"{name}: weights this GPT has no place for: {sorted(theirs)[:5]}")
+    del hf
+
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64 if dtype == torch.float64 else torch.float32)
+    try:
+        model = GPT(config)  # recurrence parameters initialised at identity
+    finally:
+        torch.set_default_dtype(prev)
+    try:
+        missing, _ = model.load_state_dict(sd, strict=False)  # exact upcast to the model's dtype
+    except RuntimeError as e:
+        raise CheckpointError(f"{name}: weights do not fit the config: {one_line(e)}") from None
+    missing = [k for k in missing if not GPT.is_rec_param(k) and not (k == 'lm_head.weight' and config.tie_embeddings)]
+    assert not missing, f"backbone weights not loaded: {missing}"
+    return model.to(dtype)

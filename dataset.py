@@ -1,0 +1,372 @@
+"""
+The dataset format: the contract between prepare.py (which writes datasets) and train.py /
+sample.py (which read them), with its readers, its atomic writers and the tokenizers.
+
+The format (the contract train.py and sample.py rely on). A dataset is a folder
+holding meta.json and binary files:
+
+  meta.json  {"name", "format": "tokens" | "examples", "vocab_size", "dtype": "uint16" | "uint32",
+              "tokenizer": "char" | "gpt2" | "task" | "hf", "itos": [str] (char/task: index = token id),
+              "hf_tokenizer": the pretrained tokenizer's Hub name or folder (hf only),
+              "reset_token": int | null (the token that starts a document; the recurrent state is
+              reset there: <|endoftext|> = 50256 for gpt2, null otherwise),
+              "bytes_per_token": {split: float} (tokens format: UTF-8 bytes / tokens, for bits per byte),
+              "splits": {split: {"n": tokens | rows, "len": row length (examples only), ...}},
+              "task": {"name": "s5" | "s5_retrieval", "group": str, "k": int (s5_retrieval)} (only the
+              built-in tasks whose labels follow from the input: what task_labels needs to recompute them),
+              "args": the options used, "version": 1}
+  tokens     {split}.bin, split in (train, val): one flat token stream in `dtype` (np.memmap it).
+             gpt2 corpora: every document is PRECEDED by <|endoftext|>, so the reset token starts it.
+  examples   {split}_x.bin (dtype, (n, len) row-major) input tokens and {split}_y.bin (int32,
+             (n, len)) ALIGNED targets: y[t] is what the model must output at position t (not the
+             shifted inputs), -1 = no loss. Splits train, val, test at the training length and
+             test_<N> at longer lengths (N = the task's length parameter, see each task).
+  rec_mask   prompt/response data (jsonl, gsm8k; meta "rec_mask": true, "pad_token", "eos_token"):
+             examples rows plus {split}_m.bin (uint8, (n, len)): 1 where the recurrence is on (the
+             response), 0 on the prompt and padding; and, for val/test, {split}_answers.json
+             {"prompt_len": [int], "answer": [str]} per row (for answer accuracy, sample.py).
+
+Writes are atomic: each file goes to a temporary name in the same folder and is os.replace'd,
+an old meta.json is deleted before anything else is written, and the new one is written LAST.
+load_meta() also checks every file's size, so an interrupted run is never accepted.
+"""
+
+import json
+import os
+import zlib
+
+import numpy as np
+
+DATA_DIR = 'data'  # datasets go to data/<name>, relative to where you run (train.py's data_root)
+FORMAT_VERSION = 1
+GPT2_EOT = 50256
+
+
+class DataError(SystemExit):
+    """A bad dataset or bad input. A SystemExit, so an uncaught one prints its one-line
+    message (no traceback) and exits 1; callers can still catch it by name."""
+    def __init__(self, msg):
+        super().__init__(f"error: {msg}")
+
+
+def short(e, n=160):
+    """An exception as one short line."""
+    lines = str(e).strip().splitlines()
+    msg = f"{type(e).__name__}: {lines[0] if lines else ''}"
+    return msg if len(msg) <= n else msg[:n - 3] + '...'
+
+# -----------------------------------------------------------------------------
+# reading a dataset: load_meta, load_split, get_tokenizer
+
+def split_files(meta, split):
+    if meta['format'] == 'tokens':
+        return [(f"{split}.bin", meta['dtype'], meta['splits'][split]['n'])]
+    n, T = meta['splits'][split]['n'], meta['splits'][split]['len']
+    files = [(f"{split}_x.bin", meta['dtype'], n * T), (f"{split}_y.bin", 'int32', n * T)]
+    if meta.get('rec_mask'):
+        files.append((f"{split}_m.bin", 'uint8', n * T))
+    return files
+
+
+def load_meta(data_dir):
+    """Read and check data_dir/meta.json, and that every file it lists is complete."""
+    path = os.path.join(data_dir, 'meta.json')
+    # not only the built-in names: a dataset can be any folder that write_task (or the format above) made
+    hint = ("run `python prepare.py NAME ...` for a built-in dataset (`python prepare.py --help` lists them), "
+            "or write your own task with dataset.write_task (docs/tasks.md)")
+    if not os.path.isdir(data_dir):
+        raise DataError(f"no dataset at {data_dir} (no such folder, so no meta.json): {hint}")
+    if not os.path.isfile(path):
+        raise DataError(f"{data_dir} has no meta.json (never prepared, or the preparation was interrupted): {hint}")
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+        if meta['version'] != FORMAT_VERSION:
+            raise DataError(f"{path} has format version {meta['version']}, this code reads {FORMAT_VERSION}: re-run prepare.py")
+        assert meta['format'] in ('tokens', 'examples') and meta['dtype'] in ('uint16', 'uint32')
+        assert isinstance(meta['vocab_size'], int) and isinstance(meta['splits'], dict) and meta['splits']
+        for split in meta['splits']:
+            for fname, dtype, count in split_files(meta, split):
+                fpath = os.path.join(data_dir, fname)
+                want = count * np.dtype(dtype).itemsize
+                if not os.path.isfile(fpath) or os.path.getsize(fpath) != want:
+                    raise DataError(f"{fpath} is missing or has the wrong size (expected {want} bytes): re-run prepare.py")
+    except (ValueError, KeyError, TypeError, AssertionError) as e:
+        raise DataError(f"{path} is not a valid meta.json ({short(e)}): re-run prepare.py") from None
+    return meta
+
+
+def load_split(data_dir, split, meta=None):
+    """tokens format: a 1-D np.memmap of the split's tokens.
+    examples format: (x, y) np.memmaps of shape (n, len), inputs and aligned targets."""
+    meta = meta if meta is not None else load_meta(data_dir)
+    if split not in meta['splits']:
+        raise DataError(f"{data_dir} has no split {split!r}; available: {', '.join(meta['splits'])}")
+    arrays = [np.memmap(os.path.join(data_dir, fname), dtype=dtype, mode='r')
+              for fname, dtype, _ in split_files(meta, split)[:2]]
+    if meta['format'] == 'tokens':
+        return arrays[0]
+    T = meta['splits'][split]['len']
+    return tuple(a.reshape(-1, T) for a in arrays)
+
+
+def load_rec_mask(data_dir, split, meta):
+    """Prompt/response data: the (n, len) bool mask of where the recurrence is on (the
+    response positions). None for data without one (the recurrence is on everywhere)."""
+    if not meta.get('rec_mask'):
+        return None
+    T = meta['splits'][split]['len']
+    return np.memmap(os.path.join(data_dir, f"{split}_m.bin"), dtype=np.uint8, mode='r').reshape(-1, T)
+
+
+def load_answers(data_dir, split, meta):
+    """Prompt/response data: {"prompt_len": [...], "answer": [...]}, one entry per row."""
+    path = os.path.join(data_dir, f"{split}_answers.json")
+    if not meta['splits'].get(split, {}).get('answers') or not os.path.isfile(path):
+        have = [s for s, v in meta['splits'].items() if v.get('answers')]
+        raise DataError(f"{data_dir} has no reference answers for split {split!r} (prompt/response data made by "
+                        f"prepare.py jsonl or gsm8k has them for: {', '.join(have) or 'none'})")
+    with open(path) as f:
+        answers = json.load(f)
+    if len(answers['answer']) != meta['splits'][split]['n']:
+        raise DataError(f"{path} does not match the split (re-run prepare.py)")
+    return answers
+
+
+def data_fingerprint(meta):
+    """What a checkpoint records of its dataset's vocabulary (train.py): sample.py compares it
+    with the dataset it is given, so that data with another token table is one line, not a
+    wrong decoding or an accuracy on data the model never saw."""
+    table = meta.get('itos') or meta.get('hf_tokenizer') or meta['tokenizer']
+    return dict(name=meta['name'], tokenizer=meta['tokenizer'], vocab_size=meta['vocab_size'],
+                vocab_crc=zlib.crc32(json.dumps(table).encode()))
+
+
+# Downloads wait at most FETCH_TIMEOUT seconds for an answer (env FETCH_TIMEOUT, default 30): a
+# network that drops packets instead of refusing must end with one line, not hang forever.
+FETCH_TIMEOUT = float(os.environ.get('FETCH_TIMEOUT') or 30)
+GPT2_OFFLINE = ("tiktoken downloads its vocabulary once: connect to the internet (or set TIKTOKEN_CACHE_DIR to "
+                "a cache that holds it), or use a char-level dataset (prepare.py text --tokenizer=char)")
+
+
+def gpt2_encoding():
+    """tiktoken's GPT-2 encoding. Its first use downloads the vocabulary with no timeout
+    (requests.get), so it runs in a daemon thread that we wait for at most FETCH_TIMEOUT
+    seconds (the files are small: ~1.5 MB); a fetch still hanging then is abandoned."""
+    import threading
+    result = {}
+
+    def load():
+        try:
+            import tiktoken
+            result['enc'] = tiktoken.get_encoding('gpt2')
+        except Exception as e:
+            result['error'] = e
+    worker = threading.Thread(target=load, daemon=True)
+    worker.start()
+    worker.join(FETCH_TIMEOUT)
+    if worker.is_alive():
+        raise DataError(f"could not fetch the GPT-2 tokenizer: no answer within {FETCH_TIMEOUT:g} s "
+                        f"(FETCH_TIMEOUT). {GPT2_OFFLINE}")
+    if 'error' in result:
+        raise DataError(f"could not load the GPT-2 tokenizer ({short(result['error'])}). {GPT2_OFFLINE}")
+    return result['enc']
+
+
+def check_hub(what, hint=', or give a local folder'):
+    """Before a Hugging Face Hub download: does the Hub answer within FETCH_TIMEOUT seconds?
+    (Its client retries timeouts for minutes.) No answer: one line, how to work offline.
+    With HF_HUB_OFFLINE=1 nothing is fetched (the local cache only), so nothing is checked."""
+    if os.environ.get('HF_HUB_OFFLINE', '').lower() in ('1', 'true', 'yes', 'on'):
+        return
+    try:
+        from huggingface_hub import constants
+        if constants.HF_HUB_OFFLINE:
+            return
+    except ImportError:
+        pass
+    import urllib.error
+    import urllib.request
+    endpoint = os.environ.get('HF_ENDPOINT', 'https://huggingface.co').rstrip('/')
+    try:  # the proxy settings of the environment apply (HTTPS_PROXY, ...), as for the Hub client
+        urllib.request.urlopen(urllib.request.Request(endpoint + '/api/whoami-v2', method='HEAD'), timeout=FETCH_TIMEOUT)
+    except urllib.error.HTTPError:
+        pass  # it answered (401 without a token): the Hub is reachable
+    except Exception as e:
+        raise DataError(f"could not fetch {what} from the Hugging Face Hub: {endpoint} did not answer "
+                        f"({short(e)}; waited at most {FETCH_TIMEOUT:g} s, FETCH_TIMEOUT). Connect to the internet, "
+                        f"or work offline: HF_HUB_OFFLINE=1 uses the local cache only{hint}") from None
+
+
+def get_tokenizer(meta):
+    """-> (encode, decode): str -> list[int], list[int] -> str.
+    char: one token per character. task: whitespace-separated words, each one token (decode
+    joins them with spaces). gpt2: tiktoken; <|endoftext|> may be written in the text.
+    hf: the pretrained model's own tokenizer (transformers), with the special tokens it adds (e.g. a
+    BOS), as prepare.py encodes a plain prompt (the chat template of chat-format data is not applied)."""
+    kind = meta['tokenizer']
+    if kind == 'hf':
+        tok = hf_tokenizer(meta['hf_tokenizer'])
+        encode = lambda s: tok.encode(s, add_special_tokens=True)
+        decode = lambda ids: tok.decode([i for i in ids if 0 <= i < len(tok)])  # padded vocab ids dropped
+        return encode, decode
+    if kind == 'gpt2':
+        enc = gpt2_encoding()
+        encode = lambda s: enc.encode(s, allowed_special={'<|endoftext|>'})
+        decode = lambda ids: enc.decode([i for i in ids if 0 <= i < enc.n_vocab])  # padded vocab ids dropped
+        return encode, decode
+    itos = meta['itos']
+    stoi = {s: i for i, s in enumerate(itos)}
+    unk = '\ufffd'  # a model with a padded vocab can sample ids past itos
+
+    def lookup(pieces):
+        bad = [p for p in pieces if p not in stoi]
+        if bad:
+            raise DataError(f"{bad[0]!r} is not in the vocabulary of {meta['name']} "
+                            f"(it has {', '.join(map(repr, itos[:40]))}{' ...' if len(itos) > 40 else ''})")
+        return [stoi[p] for p in pieces]
+
+    if kind == 'char':
+        return (lambda s: lookup(list(s))), (lambda ids: ''.join(itos[i] if 0 <= i < len(itos) else unk for i in ids))
+    if kind == 'task':
+        return (lambda s: lookup(s.split())), (lambda ids: ' '.join(itos[i] if 0 <= i < len(itos) else unk for i in ids))
+    raise DataError(f"unknown tokenizer {kind!r} in meta.json of {meta['name']}")
+
+
+def hf_tokenizer(name):
+    """transformers.AutoTokenizer from a Hub name or a local folder; every failure is one line."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise DataError("pretrained tokenizers need the optional package transformers: pip install transformers") from None
+    path = os.path.expanduser(name)
+    local = os.path.isdir(path)
+    if not local and (os.path.isabs(path) or name.startswith(('.', '~')) or name.count('/') > 1 or os.path.exists(path)):
+        raise DataError(f"no tokenizer folder at {name}")
+    if not local:
+        check_hub(f"the tokenizer {name}")
+    try:
+        return AutoTokenizer.from_pretrained(path if local else name)
+    except Exception as e:
+        if local:
+            raise DataError(f"{name} is not a readable tokenizer folder ({short(e)})") from None
+        raise DataError(f"could not load the tokenizer {name!r}: not a local folder, and the Hugging Face Hub could not "
+                        f"be reached or has no such repo ({short(e)}). Connect once (it is cached), or give a local "
+                        f"folder") from None
+
+
+# -----------------------------------------------------------------------------
+# writing a dataset: temp name + os.replace per file, meta.json last
+
+def dtype_for(vocab_size):
+    return 'uint16' if vocab_size <= 65535 else 'uint32'
+
+
+def begin_dataset(out_dir):
+    """Create out_dir and delete an old meta.json first: from here until the new meta.json
+    lands, the folder is not a dataset (a crash half-way leaves nothing loadable)."""
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"cannot create the dataset folder {out_dir} ({short(e)})") from None
+    try:
+        os.remove(os.path.join(out_dir, 'meta.json'))
+    except FileNotFoundError:
+        pass
+
+
+class AtomicFile:
+    """open() for writing to a temp name in the same folder: commit() renames it over
+    `path`, abort() deletes it. As a with-block: commit if the block completes, else abort."""
+    def __init__(self, path, mode='wb'):
+        self.path, self.tmp = path, f"{path}.tmp.{os.getpid()}"
+        self.f = open(self.tmp, mode)
+
+    def commit(self):
+        self.f.flush()
+        os.fsync(self.f.fileno())
+        self.f.close()
+        os.replace(self.tmp, self.path)
+
+    def abort(self):
+        if not self.f.closed:
+            self.f.close()
+            os.remove(self.tmp)
+
+    def __enter__(self):
+        return self.f
+
+    def __exit__(self, exc_type, exc, tb):
+        self.commit() if exc_type is None else self.abort()
+
+
+def write_meta(out_dir, meta):
+    meta = dict(meta, version=FORMAT_VERSION)
+    with AtomicFile(os.path.join(out_dir, 'meta.json'), 'w') as f:
+        json.dump(meta, f, indent=1)
+
+
+def write_examples(out_dir, split, generate, n, dtype, seed):
+    """Write one examples split, generated in chunks of rows so that huge splits never sit
+    in memory. Each split has its own RNG stream (seed, crc32(split)): the contents of one
+    split do not depend on the sizes of the others. generate(rng, rows) -> (x, y) (rows, len)."""
+    if n < 1:
+        raise DataError(f"split {split} needs at least 1 row, got n={n}")
+    rng = np.random.default_rng([seed, zlib.crc32(split.encode())])
+    T = None
+    with AtomicFile(os.path.join(out_dir, f"{split}_x.bin")) as fx, \
+         AtomicFile(os.path.join(out_dir, f"{split}_y.bin")) as fy:
+        for start in range(0, n, 4096):
+            x, y = generate(rng, min(4096, n - start))
+            T = x.shape[1]
+            fx.write(np.ascontiguousarray(x, dtype=dtype).tobytes())
+            fy.write(np.ascontiguousarray(y, dtype=np.int32).tobytes())
+    return {'n': n, 'len': T}
+
+
+def parse_lens(s, what):
+    try:
+        return [int(v) for v in s.split(',') if v.strip()]
+    except ValueError:
+        raise DataError(f"--{what}={s}: expected a comma list of integers, e.g. 48,64") from None
+
+
+def write_task(out_dir, cfg, name, itos, make_gen, sizes, **extra):
+    """Write the splits of a synthetic task and its meta. sizes: [(split, n, length param)],
+    make_gen(length param) -> generate(rng, rows) -> (x, y), two (rows, length) int arrays:
+    token ids (indices into itos) and aligned labels (-1 = none). cfg: the options (saved
+    as meta 'args'; needs 'seed'). extra: more meta entries (e.g. task=...).
+    The size is checked against the free disk first (one line if it cannot fit), and a run
+    that fails or is interrupted (Ctrl-C, SIGTERM) removes what it wrote."""
+    dtype = dtype_for(len(itos))
+    need = 0
+    for split, n, param in sizes:  # one row of each split tells its length
+        if n < 1:
+            raise DataError(f"split {split} needs at least 1 row, got n={n}")
+        need += n * make_gen(param)(np.random.default_rng(0), 1)[0].shape[1] * (np.dtype(dtype).itemsize + 4)
+    os.makedirs(out_dir, exist_ok=True)
+    import shutil
+    free = shutil.disk_usage(out_dir).free
+    if need > 0.9 * free:
+        raise DataError(f"{name} would take {need / 2**30:.2f} GiB but {out_dir} has {free / 2**30:.2f} GiB free: "
+                        f"use fewer rows (--n_train=...) or shorter rows")
+    begin_dataset(out_dir)
+    splits = {}
+    written = [os.path.join(out_dir, f"{split}_{xy}.bin") for split, _, _ in sizes for xy in 'xy']
+    try:
+        for split, n, param in sizes:
+            splits[split] = write_examples(out_dir, split, make_gen(param), n, dtype, cfg['seed'])
+            splits[split]['param'] = param
+        write_meta(out_dir, dict(name=name, format='examples', vocab_size=len(itos), dtype=dtype, tokenizer='task',
+                                 itos=itos, reset_token=None, splits=splits, args=cfg, **extra))
+    except BaseException:
+        for path in written:  # this run's splits, and an older run's: nothing half-made stays
+            if os.path.exists(path):
+                os.remove(path)
+        raise
+    return splits
+
+
+def task_sizes(cfg, train_param, test_params):
+    return ([('train', cfg['n_train'], train_param), ('val', cfg['n_val'], train_param), ('test', cfg['n_test'], train_param)]
+            + [(f"test_{p}", cfg['n_test'], p) for p in test_params])

@@ -1,0 +1,240 @@
+"""
+The built-in synthetic tasks, each a generator of (input, aligned label) rows written by
+dataset.write_task: the group word problem s5 (state tracking), s5_retrieval (T2MLR's
+S5-Retrieval: state tracking + lookup in an in-context dictionary) and varassign (variable
+assignment chains). task_labels recomputes the labels of an input (sample.py shows them).
+"""
+
+import itertools
+import os
+import re
+
+import numpy as np
+
+from dataset import DATA_DIR, DataError, parse_lens, task_sizes, write_task
+
+# -----------------------------------------------------------------------------
+# finite groups, for the state tracking tasks
+
+def make_group(name):
+    """-> (names, mul). Element 0 is the identity; mul[a, b] = index of the product a.b.
+
+    Convention: a permutation p is a tuple with p[i] = the image of point i, and
+    a.b = "apply a first, then b", i.e. (a.b)[i] = b[a[i]]. So the running product
+    x_0.x_1...x_t is where every point ends up after the moves x_0, x_1, ..., x_t in order
+    (as functions: x_t o ... o x_0). Z<n>: addition mod n (abelian, no convention needed).
+    S<n>: all permutations of 0..n-1, A<n>: the even ones, both in lexicographic order
+    (which puts the identity first); names are the tuples written as digits, e.g. '10234'."""
+    m = re.fullmatch(r'([ZSA])(\d+)', name)
+    if not m:
+        raise DataError(f"unknown group {name!r}; expected Z<n> (cyclic, e.g. Z2 = parity), S<n> or A<n> (e.g. S3, S5, A5)")
+    kind, n = m.group(1), int(m.group(2))
+    if kind == 'Z':
+        if not 2 <= n <= 4096:
+            raise DataError(f"group {name}: need 2 <= n <= 4096")
+        a = np.arange(n)
+        return [str(k) for k in range(n)], (a[:, None] + a[None, :]) % n
+    if not (2 if kind == 'S' else 3) <= n <= 6:
+        raise DataError(f"group {name}: S<n> needs 2 <= n <= 6, A<n> needs 3 <= n <= 6")
+    perms = list(itertools.permutations(range(n)))
+    if kind == 'A':
+        perms = [p for p in perms if sum(p[i] > p[j] for i in range(n) for j in range(i + 1, n)) % 2 == 0]
+    P = np.array(perms)  # (G, n)
+    G = len(P)
+    # comp[a, b, i] = P[b, P[a, i]] = (a.b)[i], shape (G, G, n)
+    comp = P[np.arange(G)[None, :, None], P[:, None, :]]
+    # lexicographic order of permutations = increasing order of their base-n value: index by searchsorted
+    weights = n ** np.arange(n - 1, -1, -1)
+    mul = np.searchsorted(P @ weights, comp @ weights)
+    return [''.join(map(str, p)) for p in perms], mul
+
+
+def running_product(mul, x):
+    """x: (N, T) element ids -> (N, T), y[:, t] = x[:, 0].x[:, 1]...x[:, t]."""
+    y = np.empty_like(x)
+    y[:, 0] = x[:, 0]
+    for t in range(1, x.shape[1]):
+        y[:, t] = mul[y[:, t - 1], x[:, t]]
+    return y
+
+# -----------------------------------------------------------------------------
+# task 1: s5, the group word problem (state tracking)
+
+S5_DEFAULTS = dict(group='S5', train_len=32, test_lens='48,64', n_train=20000, n_val=500, n_test=1000, seed=1337, out_dir='')
+
+
+def prepare_s5(cfg):
+    """Tokens are group elements (vocab = the group). x_t uniform, y_t = x_0.x_1...x_t (see
+    make_group for the convention). Every position is labelled, so one row of length 32
+    trains every length 1..32 at once. Split test_<L> holds rows of length L."""
+    names, mul = make_group(cfg['group'])
+    G = len(names)
+    lens = [cfg['train_len']] + parse_lens(cfg['test_lens'], 'test_lens')
+    if min(lens) < 1:
+        raise DataError(f"s5 needs rows of at least 1 token: --train_len={cfg['train_len']} --test_lens={cfg['test_lens']}")
+
+    def make_gen(T):
+        def generate(rng, rows):
+            x = rng.integers(0, G, size=(rows, T))
+            return x, running_product(mul, x)
+        return generate
+
+    name = f"s5_{cfg['group']}"
+    out_dir = cfg['out_dir'] or os.path.join(DATA_DIR, name)
+    write_task(out_dir, cfg, name, names, make_gen, task_sizes(cfg, lens[0], lens[1:]),
+               task=dict(name='s5', group=cfg['group']))
+    return out_dir
+
+# -----------------------------------------------------------------------------
+# task 2: s5_retrieval (T2MLR's S5-Retrieval): state tracking + in-context lookup
+
+RETRIEVAL_DEFAULTS = dict(group='S5', k=4, n_actions=32, test_actions='48,64', n_train=20000, n_val=500, n_test=1000,
+                          seed=1337, out_dir='')
+VALUE_CHARS = 'abcdefghijklmnopqrstuvwxyz0123456789'
+
+
+def prepare_s5_retrieval(cfg):
+    """A row is
+        dictionary   g v1..vk  (for every group element g, in a random order; v = k random chars)
+        '|'
+        actions      a_1 _ .. _   a_2 _ .. _   ...   (n_actions moves, each followed by k blanks '_')
+    Targets: -1 on the dictionary and '|'; at a move, the state s = a_1.a_2...a_i (the running
+    product from the identity); at its k blanks, the k characters the dictionary gives for s.
+    Vocabulary: group elements (ids 0..G-1), then VALUE_CHARS, then '|', then '_'.
+    Split test_<N> holds rows with N moves (length G*(k+1) + 1 + N*(k+1))."""
+    names, mul = make_group(cfg['group'])
+    if not cfg['group'].startswith(('S', 'A')):
+        raise DataError(f"s5_retrieval needs a permutation group (S<n> or A<n>), got {cfg['group']}: the names of Z<n> elements clash with the value characters")
+    G, k = len(names), cfg['k']
+    if k < 1:
+        raise DataError(f"--k={k}: need k >= 1")
+    C0 = G                       # id of the first value character
+    SEP, BLANK = G + len(VALUE_CHARS), G + len(VALUE_CHARS) + 1
+    itos = names + list(VALUE_CHARS) + ['|', '_']
+
+    def make_gen(A):
+        def generate(rng, rows):
+            order = rng.permuted(np.tile(np.arange(G), (rows, 1)), axis=1)      # (rows, G) dictionary order
+            values = rng.integers(0, len(VALUE_CHARS), size=(rows, G, k))       # values[r, g] = value of element g
+            moves = rng.integers(0, G, size=(rows, A))
+            state = running_product(mul, moves)                                 # (rows, A)
+            r = np.arange(rows)[:, None]
+            dict_x = np.concatenate([order[:, :, None], C0 + values[r, order]], axis=2).reshape(rows, -1)
+            act_x = np.concatenate([moves[:, :, None], np.full((rows, A, k), BLANK)], axis=2).reshape(rows, -1)
+            act_y = np.concatenate([state[:, :, None], C0 + values[r, state]], axis=2).reshape(rows, -1)
+            x = np.concatenate([dict_x, np.full((rows, 1), SEP), act_x], axis=1)
+            y = np.concatenate([np.full((rows, dict_x.shape[1] + 1), -1), act_y], axis=1)
+            return x, y
+        return generate
+
+    name = f"s5_retrieval_{cfg['group']}"
+    out_dir = cfg['out_dir'] or os.path.join(DATA_DIR, name)
+    sizes = task_sizes(cfg, cfg['n_actions'], parse_lens(cfg['test_actions'], 'test_actions'))
+    write_task(out_dir, cfg, name, itos, make_gen, sizes, task=dict(name='s5_retrieval', group=cfg['group'], k=k))
+    return out_dir
+
+
+def task_labels(meta, ids):
+    """The true labels of an input (token ids) of a task whose labels follow from its input, as
+    meta['task'] records it (s5, s5_retrieval): what the generator would have stored as y for a
+    row (or a prefix of one) with these tokens. -> list of ints (-1 = unlabelled), or None for
+    any other task, a meta.json written before meta['task'] existed, or an input that is not
+    (a prefix of) a row of the task. sample.py shows these next to the model's predictions."""
+    task = meta.get('task') or {}
+    if task.get('name') not in ('s5', 's5_retrieval') or not len(ids):
+        return None
+    names, mul = make_group(task['group'])
+    G = len(names)
+    if task['name'] == 's5':
+        x = np.asarray(ids, dtype=np.int64)
+        return running_product(mul, x[None])[0].tolist() if x.max() < G else None
+    return retrieval_labels([int(t) for t in ids], G, task['k'], mul)
+
+
+def retrieval_labels(x, G, k, mul):
+    """s5_retrieval's labels for a prefix x of a row (layout in prepare_s5_retrieval), read
+    position by position (the generator builds whole rows at once: the tests compare the two).
+    None where x breaks the layout (dictionary entries, separator, move/blank pattern)."""
+    SEP, BLANK, D = G + len(VALUE_CHARS), G + len(VALUE_CHARS) + 1, G * (k + 1)
+    value, y, state = {}, [], None
+    for p, tok in enumerate(x):
+        if p < D:  # the dictionary: element, then its k value characters
+            j, e = p % (k + 1), p - p % (k + 1)
+            if j == 0 and (tok >= G or tok in value) or j > 0 and not G <= tok < SEP:
+                return None
+            if j == k:
+                value[x[e]] = x[e + 1:p + 1]
+            y.append(-1)
+        elif p == D:
+            if tok != SEP:
+                return None
+            y.append(-1)
+        elif (p - D - 1) % (k + 1) == 0:  # a move: the label is the state after it
+            if tok >= G:
+                return None
+            state = tok if state is None else int(mul[state, tok])
+            y.append(state)
+        else:  # a blank: the next value character of the current state
+            if tok != BLANK:
+                return None
+            y.append(value[state][(p - D - 1) % (k + 1) - 1])
+    return y
+
+
+# -----------------------------------------------------------------------------
+# task 3: varassign, variable assignment chains
+
+VARASSIGN_DEFAULTS = dict(depth=4, test_depths='6,8', n_chains=3, n_branch=2, n_vars=52, n_train=20000, n_val=500,
+                          n_test=1000, seed=1337, out_dir='')
+
+
+def var_names(n):
+    """a..z, then aa, ab, .. (one token each)."""
+    letters = 'abcdefghijklmnopqrstuvwxyz'
+    names = list(letters) + [a + b for a in letters for b in letters]
+    return names[:n]
+
+
+def prepare_varassign(cfg):
+    """Lines `x = y ;` in a small word vocabulary, one token per word:
+        digits 0..9 (ids 0..9), '=', ';', '?' (ids 10, 11, 12), variables (ids 13..).
+    A row holds n_chains chains of `depth` aliases, u0 = digit ; u1 = u0 ; ... ; u_depth = u_{depth-1} ;
+    (the other chains are distractors with their own digits), plus n_branch dead-end aliases
+    `w = u` onto random chain variables, all lines shuffled, then the query `? u_depth` of chain 0.
+    Variable names are drawn at random per row, so nothing marks the queried chain.
+    Target: the digit the query resolves to, at the LAST position only (-1 elsewhere).
+    Split test_<D> holds chains of depth D (length 4 * (n_chains * (D + 1) + n_branch) + 2)."""
+    depths = [cfg['depth']] + parse_lens(cfg['test_depths'], 'test_depths')
+    C, nb, nv = cfg['n_chains'], cfg['n_branch'], cfg['n_vars']
+    if min(depths) < 0 or C < 1 or nb < 0:
+        raise DataError("varassign needs depth >= 0, n_chains >= 1, n_branch >= 0")
+    need = C * (max(depths) + 1) + nb
+    if not need <= nv <= 702:
+        raise DataError(f"varassign: depth {max(depths)} with {C} chains and {nb} branches needs {need} variables; "
+                        f"set {need} <= --n_vars <= 702 (got {nv})")
+    EQ, SEMI, Q, V0 = 10, 11, 12, 13
+    itos = [str(d) for d in range(10)] + ['=', ';', '?'] + var_names(nv)
+
+    def make_gen(D):
+        def generate(rng, rows):
+            nc = C * (D + 1)  # chain variables per row
+            names = V0 + rng.permuted(np.tile(np.arange(nv), (rows, 1)), axis=1)[:, :nc + nb]
+            chain = names[:, :nc].reshape(rows, C, D + 1)          # chain[r, c, j] = u_j of chain c
+            digits = rng.integers(0, 10, size=(rows, C))
+            rhs = np.concatenate([digits[:, :, None], chain[:, :, :-1]], axis=2)   # u_0 = digit, u_j = u_{j-1}
+            lhs = np.concatenate([chain.reshape(rows, nc), names[:, nc:]], axis=1)  # + branch variables
+            targets = names[np.arange(rows)[:, None], rng.integers(0, nc, size=(rows, nb))]
+            rhs = np.concatenate([rhs.reshape(rows, nc), targets], axis=1)
+            L = nc + nb
+            lines = np.stack([lhs, np.full((rows, L), EQ), rhs, np.full((rows, L), SEMI)], axis=2)  # (rows, L, 4)
+            shuffle = rng.permuted(np.tile(np.arange(L), (rows, 1)), axis=1)
+            lines = np.take_along_axis(lines, shuffle[:, :, None], axis=1)
+            x = np.concatenate([lines.reshape(rows, -1), np.full((rows, 1), Q), chain[:, 0, -1:]], axis=1)
+            y = np.full(x.shape, -1)
+            y[:, -1] = digits[:, 0]  # digit d is token id d
+            return x, y
+        return generate
+
+    out_dir = cfg['out_dir'] or os.path.join(DATA_DIR, 'varassign')
+    write_task(out_dir, cfg, 'varassign', itos, make_gen, task_sizes(cfg, depths[0], depths[1:]))
+    return out_dir
