@@ -30,7 +30,7 @@ import platform
 import statistics
 import time
 
-from configurator import autocast, configure, fail
+from configurator import autocast, compile_errors, configure, fail
 
 # -----------------------------------------------------------------------------
 # config: every global below can be set by a config file or --key=value
@@ -129,7 +129,7 @@ import torch
 
 from checkpoint import HF_LLAMA_NAMES
 from flops import flops_per_token, rec_flops
-from model import GPT, GPTConfig, KVCache, CompileError
+from model import GPT, GPTConfig, KVCache
 
 if device_type == 'cuda' and not torch.cuda.is_available():
     fail(f"device={device!r} but torch.cuda.is_available() is False")
@@ -301,7 +301,7 @@ for v in variants:
                      achieved_gflops=fl * batch_size * seq_len / t / 1e9,
                      flop_ratio=fl / plain_flops, act_mem_mb=mb(act),
                      step_peak_mem_mb=mb(max(v['mem'])) if v['mem'] else None,
-                     loss=v['loss'], n_params=m.get_num_params()))
+                     loss=v['loss'], n_params=sum(p.numel() for p in m.parameters())))
 for r in rows:
     r['ratio'] = r['step_ms'] / rows[0]['step_ms']
     r['ratio_over_flops'] = r['ratio'] / r['flop_ratio']  # > 1: slower than the arithmetic explains
@@ -327,7 +327,7 @@ models = {rec: make_model(rec).eval() for rec in ('none', 't2mlr', 'lrt')}
 NAMES = {'none': 'plain', 't2mlr': 't2mlr', 'lrt': 'lrt'}
 results['models'] = {NAMES[r]: dict(recurrence=r, rec_start=placement[r][0] if r != 'none' else None,
                                     rec_end=placement[r][1] if r != 'none' else None,
-                                    n_params=m.get_num_params(), rec_flops_per_token=rec_flops(m.config))
+                                    n_params=sum(p.numel() for p in m.parameters()), rec_flops_per_token=rec_flops(m.config))
                      for r, m in models.items()}
 
 
@@ -341,10 +341,8 @@ def compiled_step(m, name):
 
 
 def run_compiled(fn):
-    try:
+    with compile_errors():
         return fn()
-    except CompileError as e:
-        fail(str(e))
 
 
 def decode_run(m, step, n_gen, toks, prompt):

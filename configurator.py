@@ -19,7 +19,7 @@ means (8,)). In a config file (python) a bool must be True or False.
 import ast
 import os
 import sys
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 
 def fail(msg, code=2):
@@ -113,3 +113,22 @@ def autocast(device_type, dtype):
         return nullcontext()
     import torch
     return torch.autocast(device_type, dtype={'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype])
+
+
+@contextmanager
+def compile_errors():
+    """torch.compile that fails on this machine (no C++ compiler, no triton, an unsupported
+    torch build) ends the script with one line that says how to run without it. An error that
+    does not come from the compiler (its type, or a cause's, is not torch._dynamo's or
+    torch._inductor's) passes through."""
+    try:
+        yield
+    except Exception as e:
+        chain, err = [], e
+        while err is not None and len(chain) < 20:
+            chain.append(err)
+            err = err.__cause__ or err.__context__
+        if not any(type(x).__module__.startswith(('torch._dynamo', 'torch._inductor')) for x in chain):
+            raise
+        first = (str(e).strip().splitlines() or [''])[0][:200]
+        fail(f"torch.compile failed on this machine: {type(e).__name__}: {first}; run with --compile=False")

@@ -1,32 +1,16 @@
 """
-One GPT with latent token-to-token recurrence, in one file: the method and nothing else.
-
-The backbone is a Llama-style decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU, no
-biases). On top of it, a constant-size recurrent state carries the hidden state of token t-1
-at a *source* layer e (rec_end) into an earlier layer s (rec_start) of token t. Two fusion
-styles (docs/DESIGN.md sections 3 and 4):
-
-  't2mlr'  T2MLR (Cai et al. 2026): a gated fusion Phi(h, R) at the input of block s;
-           the state R_t is read at the output of block e.
-  'lrt'    Latent Recurrent Transformer (Huang et al. 2026): the memory m_t = rmsnorm(h^(e)_t)
-           is injected into every block >= s, into the residual stream and into each token's
-           own key/value.
-
-Layers are 0-based; h^(l)_t is the residual stream at the OUTPUT of block l for token t. The
-layers split into three segments:
-
-  below  = blocks 0 .. s-1      never read the state: always run in parallel
-  span   = blocks s .. e        read the state and produce the next one
-  above  = blocks e+1 .. L-1    read the state (LRT) or not (T2MLR), but never feed it:
-                                run in parallel once the states are known
-
-Every way of running the model (the exact sequential forward, Jacobi, interleaved subsets,
-prefill, one-token decode) is built from one primitive, run_blocks(x, a, b, pos, state_in,
-cache): "run blocks a..b for the tokens at positions pos, each reading its incoming state,
-writing into and attending over these cached keys and values".
-
-Read top to bottom: config, KV cache, backbone, T2MLR, LRT, run_blocks, next_state, the
-exact forward, Jacobi, interleaved, generation, optimizer groups.
+One GPT with latent token-to-token recurrence: the method and nothing else. A Llama-style
+decoder plus a constant-size state that carries the hidden state of token t-1 at a source
+layer e (rec_end) into an earlier layer s (rec_start) of token t (docs/DESIGN.md 3, 4):
+  't2mlr'  T2MLR: a gated fusion Phi(h, R) at the input of block s; R_t read after block e.
+  'lrt'    LRT: the memory m_t = rmsnorm(h^(e)_t) injected into every block >= s, into the
+           residual stream and into each token's own key/value.
+Layers are 0-based; h^(l)_t is the residual stream at the OUTPUT of block l for token t.
+  below = blocks 0..s-1     never read the state: always in parallel
+  span  = blocks s..e       read the state and produce the next one: the recurrence
+  above = blocks e+1..L-1   read the state (LRT) or not (T2MLR), never feed it: in parallel
+Every path (exact, Jacobi, interleaved, prefill, decode) is built on one primitive, run_blocks:
+"run blocks a..b for the tokens at positions pos, each reading its state, over this KV cache".
 """
 
 import math
@@ -45,8 +29,7 @@ from torch.utils.checkpoint import checkpoint
 class GPTConfig:
     block_size: int = 1024      # max sequence length (RoPE table size; caps prompt + generated tokens)
     vocab_size: int = 50304     # the tokens that exist: logits and loss cover exactly these
-    vocab_pad: int = 1          # embedding rows rounded up to a multiple of this (128: fast LM-head GEMMs);
-                                # the padded rows are never sampled and never in the loss
+    vocab_pad: int = 1          # rows rounded up to a multiple of this (128: fast LM head); never sampled or in the loss
     n_layer: int = 12
     n_head: int = 12
     n_kv_head: int = 12         # < n_head: grouped-query attention
@@ -58,7 +41,6 @@ class GPTConfig:
     dropout: float = 0.0
     tie_embeddings: bool = True
     attn_window: int = 0        # > 0: each token attends to the last attn_window tokens only (itself included)
-    # --- recurrence
     recurrence: str = 'none'    # 'none' | 't2mlr' | 'lrt'
     rec_start: int = 0          # s: first block that reads the state
     rec_end: int = -1           # e: block whose output is the source of the state; -1 = last
@@ -68,9 +50,7 @@ class GPTConfig:
     rec_proj: bool = True       # r = W_rec R (else r = R)
     rec_gate_gain: float = 1.0  # xavier gain of f_cur/f_rec (1e-2 for fine-tuning)
     rec_residual_detach: bool = False  # m_t = h^(e)_t + sg(R_{t-1}): no gradient through the residual (official option)
-    # Jacobi (DESIGN.md 6): what the first span pass reads. 'plain': no fusion, and each
-    # token hands on its raw h^(e) (the official code); 'zero': the zero state, fused
-    jacobi_init: str = 'plain'
+    jacobi_init: str = 'plain'  # Jacobi's first span pass (DESIGN.md 6): 'plain' (no fusion, as official) or 'zero'
     # LRT options (DESIGN.md 4)
     lrt_inject: str = 'both'    # 'kv' | 'residual' | 'both'
     lrt_shared: bool = True     # one W_fb_k/W_fb_v pair for all layers (else one per layer)
@@ -78,10 +58,8 @@ class GPTConfig:
     lrt_gate_channels: int = 0  # the gates read the first this-many channels of the normed input; 0 = all (DESIGN.md 11)
 
     def __post_init__(self):
-        if self.mlp_hidden == 0:
-            self.mlp_hidden = 64 * math.ceil(8 * self.n_embd / 3 / 64)
-        if self.rec_end == -1:
-            self.rec_end = self.n_layer - 1
+        self.mlp_hidden = self.mlp_hidden or 64 * math.ceil(8 * self.n_embd / 3 / 64)
+        self.rec_end = self.n_layer - 1 if self.rec_end == -1 else self.rec_end
         self.validate()
 
     @property
@@ -89,87 +67,72 @@ class GPTConfig:
         return self.vocab_pad * math.ceil(self.vocab_size / self.vocab_pad)
 
     def validate(self):
-        """The one check of a model's settings: a bad one is a ValueError naming it."""
-        def bad(msg):
-            raise ValueError(f"GPTConfig: {msg}")
+        """The one check of a model's settings: the first one broken is a ValueError naming it."""
         for k in ('block_size', 'vocab_size', 'vocab_pad', 'n_layer', 'n_head', 'n_kv_head', 'n_embd', 'mlp_hidden'):
             if getattr(self, k) < 1:
-                bad(f"{k}={getattr(self, k)} must be >= 1")
-        if self.n_embd % self.n_head:
-            bad(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
-        if self.n_head % self.n_kv_head:
-            bad(f"n_head={self.n_head} is not divisible by n_kv_head={self.n_kv_head}")
-        if (self.n_embd // self.n_head) % 2:
-            bad(f"head dim {self.n_embd // self.n_head} must be even for RoPE")
-        if not 0 <= self.lrt_gate_channels <= self.n_embd:
-            bad(f"lrt_gate_channels={self.lrt_gate_channels} must be in 0..n_embd={self.n_embd} (0 = all channels)")
-        if self.attn_window < 0:
-            bad(f"attn_window={self.attn_window} must be >= 0 (0 = full causal attention)")
-        if not 0.0 <= self.dropout < 1.0:
-            bad(f"dropout={self.dropout} must be in [0, 1)")
-        if self.recurrence not in ('none', 't2mlr', 'lrt'):
-            bad(f"unknown recurrence {self.recurrence!r}; expected 'none', 't2mlr' or 'lrt'")
-        if self.jacobi_init not in ('plain', 'zero'):
-            bad(f"unknown jacobi_init {self.jacobi_init!r}; expected 'plain' (the official code) or 'zero'")
-        if self.lrt_inject not in ('kv', 'residual', 'both'):
-            bad(f"unknown lrt_inject {self.lrt_inject!r}; expected 'kv', 'residual' or 'both'")
+                raise ValueError(f"GPTConfig: {k}={getattr(self, k)} must be >= 1")
+        L, s, e, hd = self.n_layer, self.rec_start, self.rec_end, self.n_embd // self.n_head
+        rules = [
+            (self.n_embd % self.n_head == 0, f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}"),
+            (self.n_head % self.n_kv_head == 0, f"n_head={self.n_head} is not divisible by n_kv_head={self.n_kv_head}"),
+            (hd % 2 == 0, f"head dim {hd} must be even for RoPE"),
+            (0 <= self.lrt_gate_channels <= self.n_embd,
+             f"lrt_gate_channels={self.lrt_gate_channels} must be in 0..n_embd={self.n_embd} (0 = all channels)"),
+            (self.attn_window >= 0, f"attn_window={self.attn_window} must be >= 0 (0 = full causal attention)"),
+            (0.0 <= self.dropout < 1.0, f"dropout={self.dropout} must be in [0, 1)"),
+            (self.recurrence in ('none', 't2mlr', 'lrt'),
+             f"unknown recurrence {self.recurrence!r}; expected 'none', 't2mlr' or 'lrt'"),
+            (self.jacobi_init in ('plain', 'zero'),
+             f"unknown jacobi_init {self.jacobi_init!r}; expected 'plain' (the official code) or 'zero'"),
+            (self.lrt_inject in ('kv', 'residual', 'both'),
+             f"unknown lrt_inject {self.lrt_inject!r}; expected 'kv', 'residual' or 'both'"),
+            (self.reset_token is None or 0 <= self.reset_token < self.vocab_size,
+             f"reset_token={self.reset_token} is not a token id (vocab_size={self.vocab_size})")]
         if self.recurrence != 'none':
-            L, s, e = self.n_layer, self.rec_start, self.rec_end
-            if not 0 <= s < L:
-                bad(f"rec_start={s} is out of range for n_layer={L} (layers are 0..{L-1})")
-            if not 0 <= e < L:
-                bad(f"rec_end={e} is out of range for n_layer={L} (layers are 0..{L-1}, or -1 for the last)")
-            if e < s:
-                bad(f"rec_end={e} < rec_start={s}: the state must be read at or above the layer that receives it")
-        if self.reset_token is not None and not 0 <= self.reset_token < self.vocab_size:
-            bad(f"reset_token={self.reset_token} is not a token id (vocab_size={self.vocab_size})")
+            rules += [(0 <= s < L, f"rec_start={s} is out of range for n_layer={L} (layers are 0..{L-1})"),
+                      (0 <= e < L, f"rec_end={e} is out of range for n_layer={L} (layers are 0..{L-1}, or -1 for the last)"),
+                      (e >= s, f"rec_end={e} < rec_start={s}: the state must be read at or above the layer that receives it")]
+        for ok, msg in rules:
+            if not ok:
+                raise ValueError(f"GPTConfig: {msg}")
 
 
 def check_scheme(mode, n_iter=8, n_grad=4, n_subsets=2, n_rounds=1, T=None):
     """The one check of a forward mode and the training schemes' settings (train.py runs it at
     start-up, forward on every call). T: the sequence length, when known."""
-    if mode not in ('plain', 'exact', 'jacobi', 'interleaved', 'zero'):
-        raise ValueError(f"unknown mode {mode!r}; expected 'plain', 'exact', 'jacobi', 'interleaved' or 'zero'")
-    if n_iter < 1:
-        raise ValueError(f"n_iter={n_iter}: Jacobi needs at least one iteration (n_iter >= 1)")
-    if not 0 <= n_grad <= n_iter:
-        raise ValueError(f"n_grad={n_grad}: the Jacobi iterations with gradient must be 0..n_iter={n_iter}")
-    if n_subsets < 1 or (mode == 'interleaved' and T is not None and n_subsets > T):
-        raise ValueError(f"n_subsets={n_subsets}: interleaved needs 1 <= n_subsets <= the sequence length {T}")
-    if n_rounds < 1:
-        raise ValueError(f"n_rounds={n_rounds}: interleaved needs at least one round")
+    for ok, msg in [
+            (mode in ('plain', 'exact', 'jacobi', 'interleaved', 'zero'),
+             f"unknown mode {mode!r}; expected 'plain', 'exact', 'jacobi', 'interleaved' or 'zero'"),
+            (n_iter >= 1, f"n_iter={n_iter}: Jacobi needs at least one iteration (n_iter >= 1)"),
+            (0 <= n_grad <= n_iter, f"n_grad={n_grad}: the Jacobi iterations with gradient must be 0..n_iter={n_iter}"),
+            (n_subsets >= 1 and not (mode == 'interleaved' and T is not None and n_subsets > T),
+             f"n_subsets={n_subsets}: interleaved needs 1 <= n_subsets <= the sequence length {T}"),
+            (n_rounds >= 1, f"n_rounds={n_rounds}: interleaved needs at least one round")]:
+        if not ok:
+            raise ValueError(msg)
 
 # -----------------------------------------------------------------------------
 # KV cache: the one mechanism behind decoding, the exact forward and the interleaved training buffer
 
 class KVCache:
-    """Per-layer keys (after RoPE) and values, (B, n_kv_head, max_len, head_dim), indexed by
-    token position. Allocated at the first write, in the dtype of the keys.
-      write(i, pos, k, v)         pos a python range: write there, return the prefix 0..pos[-1]
-                                  to attend over. Under autograd out of place, so gradients flow
-                                  through the buffer into earlier passes (interleaved training).
-      write_static(i, pos, k, v)  pos a (1,) long tensor (the static one-token step: decode, the
-                                  compiled exact step): written in place and the WHOLE buffer
-                                  returned, so no shape depends on pos and torch.compile compiles
-                                  the step once (run_blocks masks the positions not written yet)."""
+    """Per-layer keys (after RoPE) and values, (B, n_kv_head, max_len, head_dim), by position.
+    write(i, pos, k, v): pos a range, return the prefix 0..pos[-1] (under autograd out of place:
+    gradients flow through the buffer). write_static: pos a (1,) tensor, written in place, the
+    WHOLE buffer returned: no shape depends on pos, so torch.compile compiles the step once."""
 
     def __init__(self, n_layer, max_len):
-        self.max_len = max_len
-        self.k = [None] * n_layer
-        self.v = [None] * n_layer
+        self.max_len, self.k, self.v = max_len, [None] * n_layer, [None] * n_layer
 
     def _full(self, i, k, v):
         # the buffers at full length: allocate, or pad a graph-kept prefix (interleaved training)
         if self.k[i] is None or self.k[i].dtype != k.dtype or self.k[i].size(0) != k.size(0):
             shape = (k.size(0), k.size(1), self.max_len, k.size(3))
             self.k[i], self.v[i] = k.new_zeros(shape), v.new_zeros(shape)
-            if not torch.is_grad_enabled() and not torch.compiler.is_compiling():  # a fixed address: a CUDA graph writes it in place
-                torch._dynamo.mark_static_address(self.k[i])
-                torch._dynamo.mark_static_address(self.v[i])
+            if not torch.is_grad_enabled() and not torch.compiler.is_compiling():
+                for t in (self.k[i], self.v[i]):  # a fixed address, which a CUDA graph may write in place
+                    torch._dynamo.mark_static_address(t)
         elif self.k[i].size(2) < self.max_len:
-            pad = self.max_len - self.k[i].size(2)
-            self.k[i] = F.pad(self.k[i], (0, 0, 0, pad))
-            self.v[i] = F.pad(self.v[i], (0, 0, 0, pad))
+            self.k[i], self.v[i] = (F.pad(t, (0, 0, 0, self.max_len - t.size(2))) for t in (self.k[i], self.v[i]))
 
     def write(self, i, pos, k, v):
         # pos: range of positions, k/v: (B, Hkv, len(pos), hd)
@@ -182,8 +145,7 @@ class KVCache:
         self._full(i, k, v)
         if torch.is_grad_enabled():  # out of place: autograd keeps every version
             sl = dict(dim=2, start=pos.start, end=pos.stop, step=pos.step)
-            self.k[i] = self.k[i].slice_scatter(k, **sl)
-            self.v[i] = self.v[i].slice_scatter(v, **sl)
+            self.k[i], self.v[i] = self.k[i].slice_scatter(k, **sl), self.v[i].slice_scatter(v, **sl)
         else:
             self.k[i][:, :, pos.start:pos.stop:pos.step] = k
             self.v[i][:, :, pos.start:pos.stop:pos.step] = v
@@ -205,8 +167,7 @@ class KVCache:
 class RMSNorm(nn.Module):
     def __init__(self, dim, eps):
         super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
         return F.rms_norm(x, (x.size(-1),), self.weight, self.eps)
@@ -230,13 +191,12 @@ def apply_rope(x, cos, sin):
 
 
 def attend(q, k, v, mask, dropout_p=0.0):
-    """softmax(q k^T / sqrt(hd)) v through a fused kernel on every path. q: (B, H, Tq, hd);
-    k, v: (B, Hkv, Tk, hd), query head h reads KV head h // G, G = H / Hkv. mask: (Tq, Tk)
-    bool, True = may attend; None = causal among the tokens themselves, or one query that
-    sees every key. Flash attention takes grouped heads but no mask; the memory-efficient
-    kernel takes a mask but (until recently) only equal head counts. So with a mask the G
-    query heads of each KV head are folded into the query axis, (B, Hkv, G * Tq, hd), with
-    the mask repeated G times: equal head counts, and no copy of K/V."""
+    """softmax(q k^T / sqrt(hd)) v through a fused kernel on every path. q: (B, H, Tq, hd); k, v:
+    (B, Hkv, Tk, hd), query head h reads KV head h // G, G = H / Hkv. mask: (Tq, Tk) bool, or
+    None: causal among the tokens, or one query that sees every key. Flash takes grouped heads
+    but no mask; the memory-efficient kernel takes a mask but (until recently) only equal head
+    counts. So with a mask the G query heads of a KV head are folded into the query axis,
+    (B, Hkv, G * Tq, hd), the mask repeated G times: equal head counts, no copy of K/V."""
     B, H, Tq, hd = q.shape
     if mask is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=Tq > 1, dropout_p=dropout_p, enable_gqa=True)
@@ -250,8 +210,7 @@ class Attention(nn.Module):
     def __init__(self, config, i):
         super().__init__()
         self.i = i  # the layer: its slot in the KV cache (and LRT's gates)
-        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
-        self.hd = config.n_embd // config.n_head
+        self.n_head, self.n_kv_head, self.hd = config.n_head, config.n_kv_head, config.n_embd // config.n_head
         d, dkv = config.n_embd, self.n_kv_head * self.hd
         # W_q, W_k, W_v stacked in one matrix (d + 2 dkv, d): one matmul for all three
         self.wqkv = nn.Linear(d, d + 2 * dkv, bias=False)
@@ -345,14 +304,14 @@ class T2MLRFusion(nn.Module):
 # LRT: the memory injected into every block >= s (DESIGN.md 4)
 
 class LRT(nn.Module):
-    """All of LRT's parameters. The memory m_{t-1} = rmsnorm(h^(e)_{t-1}) enters every reading
-    block i >= s (j = i - s counts them) two ways:
-      residual   x <- alpha_j x + gamma_j m                        at the block input
-      key/value  k = g_loc W_k a + g_fb W_fb_k m,  v = g_loc W_v a + g_fb W_fb_v m
-                 (g_loc, g_fb) = 2 sigmoid(W_g,j a), one pair per KV head, a = the normed block input:
-                 a gated addition to the token's OWN key/value, so the cache keeps its shape.
-    W_fb = [W_fb_k; W_fb_v] is one matrix shared by all reading layers (LRT-shared, the paper's
-    default) or one per layer. lrt_inject='kv' / 'residual' keeps one of the two paths."""
+    """All of LRT. The memory m_{t-1} = rmsnorm(h^(e)_{t-1}) enters every reading block i >= s
+    (the j-th, j = i - s) two ways:
+      residual   x <- alpha_j x + gamma_j m   at the block input
+      key/value  k = g_loc W_k a + g_fb W_fb_k m,  v = g_loc W_v a + g_fb W_fb_v m, with
+                 (g_loc, g_fb) = 2 sigmoid(W_g,j a) per KV head, a the normed block input: a gated
+                 addition to the token's OWN key/value, so the cache keeps its shape.
+    W_fb = [W_fb_k; W_fb_v]: one for all reading layers (LRT-shared, the paper's default) or one
+    per layer. lrt_inject='kv' or 'residual' keeps one of the two paths."""
 
     def __init__(self, config, s):
         super().__init__()
@@ -368,36 +327,29 @@ class LRT(nn.Module):
             self.alpha = nn.Parameter(torch.ones(n))
             self.gamma = nn.Parameter(torch.full((n,), 0.0 if c.lrt_identity_init else 0.1))
 
-    def init_weights(self, identity):
-        for lin in self.gate or []:
-            nn.init.zeros_(lin.weight)  # both gates start at 2 sigmoid(0) = 1
-        for lin in (self.fb or []) if identity else []:
-            nn.init.zeros_(lin.weight)  # W_fb = 0: the key/value path starts closed
+    def init_weights(self, identity):  # the gates start at 2 sigmoid(0) = 1; identity: W_fb = 0 too
+        for lin in list(self.gate or []) + (list(self.fb or []) if identity else []):
+            nn.init.zeros_(lin.weight)
 
     def project(self, j, m):
         # m (B, T, d) -> (W_fb_k m, W_fb_v m) of reading layer j, stacked: (B, T, 2, Hkv, hd), one matmul
         return self.fb[0 if self.shared else j](m).view(*m.shape[:2], 2, self.Hkv, self.hd)
 
     def read(self, m, rec_on=None, fb=None):
-        """The memory m (B, T, d) bound for one run of blocks: what Block and Attention call.
-        LRT-shared projects it once for every layer (fb: a projection the caller already has)."""
-        if fb is None and self.fb is not None and self.shared:
-            fb = self.project(0, m)
-        return Memory(self, m, rec_on, fb)
+        # the memory m (B, T, d) for one run of blocks: what Block and Attention call. LRT-shared
+        # projects it once for every layer (fb: that projection, when the caller already has it)
+        return Memory(self, m, rec_on, self.project(0, m) if fb is None and self.fb and self.shared else fb)
 
 
 class Memory:
-    """LRT's memory m_{t-1} for the tokens of one run of blocks. rec_on: (B, T, 1) bool, where
-    the recurrence is on (None: everywhere)."""
+    """LRT's memory m_{t-1} for one run of blocks; rec_on: (B, T, 1) bool, None = everywhere."""
 
     def __init__(self, lrt, m, rec_on, fb):
         self.lrt, self.m, self.rec_on, self.fb = lrt, m, rec_on, fb
 
     def residual(self, i, x):
         lrt, j = self.lrt, i - self.lrt.s
-        if lrt.alpha is None:
-            return x
-        return where_on(self.rec_on, lrt.alpha[j] * x + lrt.gamma[j] * self.m, x)
+        return x if lrt.alpha is None else where_on(self.rec_on, lrt.alpha[j] * x + lrt.gamma[j] * self.m, x)
 
     def gated_kv(self, i, a, qkv):
         # a: (B, T, d); qkv: (B, T, H + 2 Hkv, hd), the keys and values its last 2 Hkv heads
@@ -421,7 +373,7 @@ class GPT(nn.Module):
         config.validate()
         self.config = c = config
         self.rec = c.recurrence
-        # the segments; with no recurrence everything is "below" (s = e + 1 = L)
+        # the segments (module docstring); with no recurrence everything is "below" (s = e + 1 = L)
         self.s, self.e = (c.rec_start, c.rec_end) if self.rec != 'none' else (c.n_layer, c.n_layer - 1)
         self.wte = nn.Embedding(c.padded_vocab, c.n_embd)
         self.drop = nn.Dropout(c.dropout)
@@ -451,37 +403,26 @@ class GPT(nn.Module):
         if self.lrt is not None:
             self.lrt.init_weights(c.lrt_identity_init)
 
-    def get_num_params(self, non_embedding=True):
-        n = sum(p.numel() for p in self.parameters())
-        if non_embedding and not self.config.tie_embeddings:
-            n -= self.lm_head.weight.numel()
-        return n
-
     @staticmethod
-    def is_rec_param(name):
-        """The parameters the recurrence adds on top of the plain GPT."""
+    def is_rec_param(name):  # the parameters the recurrence adds on top of the plain GPT
         return name.startswith(('fusion.', 'lrt.'))
 
     # ------------------------------------------------------------------
     # the primitive: run blocks a..b at positions pos
 
     def run_blocks(self, x, a, b, pos, state_in=None, cache=None, rec_mask=None, fb=None):
-        """x: (B, T, d), the residual stream at the input of block a, for the tokens at positions
-        pos: a python range (T tokens); or a (1,) long tensor, the static one-token step (decode,
-        the compiled exact step), which attends over the cache's whole buffer under a mask so that
-        no shape depends on pos. state_in: (B, T, d), the state each token reads (R_{t-1} or
-        m_{t-1}); None runs the plain model (no fusion, no injection). cache: a KVCache to write
-        the keys into and attend over (None: the tokens are 0..T-1 and attend among themselves).
-        rec_mask: optional (B, T) bool, False where a token runs as the plain model although it
-        has a state (T2MLR's prompt positions in fine-tuning). fb: LRT-shared's projection of
-        state_in (LRT.project), when the caller runs two segments on the same state."""
+        """x: (B, T, d), the stream at the input of block a, of the tokens at positions pos: a range,
+        or a (1,) tensor (the static one-token step, over the cache's whole buffer). state_in:
+        (B, T, d), the state each token reads (R_{t-1} or m_{t-1}); None runs the plain model.
+        cache: a KVCache to write into and attend over (None: tokens 0..T-1 among themselves).
+        rec_mask: (B, T) bool, False where a token runs plain although it has a state (T2MLR's
+        prompt in fine-tuning). fb: LRT-shared's projection of state_in, if the caller has it."""
         if a > b:
             return x
         rope, mask = self.rope_and_mask(pos, cache)
         rec_on = None if rec_mask is None else rec_mask.unsqueeze(-1)  # (B, T, 1)
-        mem = None
-        if state_in is not None and self.lrt is not None and b >= self.s:
-            mem = self.lrt.read(state_in, rec_on, fb)
+        lrt = state_in is not None and self.lrt is not None and b >= self.s
+        mem = self.lrt.read(state_in, rec_on, fb) if lrt else None  # LRT's memory, for blocks >= s
         for i in range(a, b + 1):
             if i == self.s and state_in is not None and self.fusion is not None:
                 x = where_on(rec_on, self.fusion(x, state_in), x)  # T2MLR: fuse at the input of block s
@@ -490,9 +431,8 @@ class GPT(nn.Module):
 
     def rope_and_mask(self, pos, cache):
         """The RoPE rows of the tokens at pos, and the attention mask: None where attention is
-        causal among the tokens themselves (or one query that sees the whole prefix), else
-        (T, keys) bool, by original position: a key at p may be read by a query at q iff
-        p <= q, and with a window W also p > q - W."""
+        causal among the tokens (or one query sees the whole prefix), else (T, keys) bool by
+        original position: a query at q reads a key at p iff p <= q (and p > q - W, a window)."""
         W = self.config.attn_window
         if torch.is_tensor(pos):  # the static step: every position of the cache's buffer is a key
             rope = (self.rope_cos.index_select(0, pos)[:, None], self.rope_sin.index_select(0, pos)[:, None])
@@ -504,29 +444,20 @@ class GPT(nn.Module):
                 return rope, None
             kpos = torch.arange(pos[-1] + 1, device=self.rope_cos.device)
             qpos = torch.arange(pos.start, pos.stop, pos.step, device=kpos.device)
-        mask = kpos[None, :] <= qpos[:, None]
-        if W > 0:
-            mask = mask & (kpos[None, :] > qpos[:, None] - W)
-        return rope, mask
+        return rope, (kpos[None, :] <= qpos[:, None]) & ((kpos[None, :] > qpos[:, None] - W) if W > 0 else True)
 
     def fb(self, state_in):
-        """LRT-shared: W_fb state_in, (B, T, 2, Hkv, hd), one projection for every layer; else None."""
-        if state_in is None or self.lrt is None or self.lrt.fb is None or not self.lrt.shared:
-            return None
-        return self.lrt.project(0, state_in)
-
-    # ------------------------------------------------------------------
-    # the state a token hands on
+        # LRT-shared: W_fb state_in (B, T, 2, Hkv, hd), one projection for every layer; else None
+        shared = state_in is not None and self.lrt is not None and self.lrt.fb is not None and self.lrt.shared
+        return self.lrt.project(0, state_in) if shared else None
 
     def next_state(self, h, state_in, rec_mask=None):
-        """The state token t hands to token t+1, from h = h^(e)_t and the state it read.
-        rec_mask: optional (B, T) bool; a T2MLR token that ran as the plain model (False)
-        hands on its raw h^(e)_t, unscaled and without the residual (the official code)."""
+        """The state token t hands to token t+1, from h = h^(e)_t and the state it read. A T2MLR
+        token that ran as the plain model (rec_mask False) hands on its raw h^(e)_t (the official code)."""
         if self.rec == 't2mlr':
             # m_t = h^(e)_t + R_{t-1};  R_t = m_t * clamp(1/rms(m_t), 1/5, 5), the scale under detach
-            R = state_in
-            if R is not None and self.config.rec_residual_detach:
-                R = R.detach()  # the official S5 and GSM8K recipes cut the gradient through the residual
+            detach = state_in is not None and self.config.rec_residual_detach  # the official S5, GSM8K recipes
+            R = state_in.detach() if detach else state_in  # (no gradient through the residual)
             m = h + R if (self.config.rec_residual and R is not None) else h
             scale = torch.rsqrt(m.detach().pow(2).mean(-1, keepdim=True) + 1e-6).clamp(0.2, 5.0)
             return where_on(None if rec_mask is None else rec_mask.unsqueeze(-1), m * scale, h)
@@ -539,8 +470,7 @@ class GPT(nn.Module):
         return self._reset(F.pad(states[:, :-1], (0, 0, 1, 0)), idx, rec_mask)
 
     def _reset(self, state_in, idx, rec_mask=None):
-        """Zero the state read at document starts, and where the recurrence is off (a plain
-        position reads nothing; what it hands on is next_state's business)."""
+        # zero the state read at document starts, and where the recurrence is off
         if self.config.reset_token is not None:
             state_in = state_in * (idx != self.config.reset_token).unsqueeze(-1).to(state_in.dtype)
         if rec_mask is not None:
@@ -548,9 +478,7 @@ class GPT(nn.Module):
         return state_in
 
     def _logits_loss(self, x, targets):
-        logits = self.lm_head(self.ln_f(x))
-        if self.config.padded_vocab != self.config.vocab_size:
-            logits = logits[..., :self.config.vocab_size]  # padded rows: never sampled, never in the loss
+        logits = self.lm_head(self.ln_f(x))[..., :self.config.vocab_size]  # padded rows: never sampled, never in the loss
         return logits, (None if targets is None else ce_loss(logits, targets))
 
     # ------------------------------------------------------------------
@@ -559,16 +487,14 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None, mode='exact', n_iter=8, n_grad=4, n_subsets=2, rec_mask=None, n_rounds=1,
                 recompute=False, compile=False):
         """idx, targets: (B, T) token ids (targets -1 = no loss). Returns (logits (B, T, V), loss).
+        mode: 'plain'        the backbone alone, recurrence bypassed
+              'exact'        the exact sequential recurrence (what generation computes)
+              'jacobi'       Jacobi iterations (D = n_iter, gradient through the last B = n_grad)
+              'interleaved'  n_subsets strided subsets refined in order, n_rounds times
+              'zero'         the exact forward with every position reading an all-zero state
         rec_mask: optional (B, T) bool, where the recurrence is on (default: everywhere).
-        mode: 'plain'       the backbone alone, recurrence bypassed
-              'exact'       the exact sequential recurrence (what generation computes)
-              'jacobi'      Jacobi iterations as the official code: an initial pass, n_iter - 1
-                            iterations (gradient through the last n_grad) and a final pass
-              'interleaved' n_subsets strided subsets refined one after another, n_rounds times
-              'zero'        the exact forward with every position reading an all-zero state
-        recompute: activation checkpointing of the passes that keep a graph (Jacobi's span
-        passes, the interleaved passes): their activations are recomputed in backward.
-        compile: the exact modes' span steps through the compiled static step (as generate's).
+        recompute: activation checkpointing of the passes that keep a graph (recomputed in
+        backward). compile: the exact modes' span steps through the compiled static step.
         With recurrence='none' every mode is the plain parallel forward."""
         T = idx.size(1)
         if T > self.config.block_size:
@@ -585,22 +511,19 @@ class GPT(nn.Module):
         return self._logits_loss(x, targets)
 
     def _exact(self, idx, cache, rec_mask=None, zero_state=False, compile=False):
-        """The exact recurrence (DESIGN.md 5): token t reads the state token t-1 handed on. The
-        layers below and above the span run in parallel over the sequence; only the span runs
-        token by token. zero_state (mode='zero'): the state is never handed on, so every token
-        reads R_{-1} = 0: loss(zero) - loss(exact) is what the state carries. compile: the span
-        steps through the static compiled step (generate(compile=...), train.py's evaluation).
-        Returns (x_out (B, T, d), the states read (B, T, d), the state the last token hands on (B, d))."""
+        """The exact recurrence (DESIGN.md 5): token t reads the state token t-1 handed on. Below
+        and above the span run in parallel; only the span runs token by token. zero_state
+        (mode='zero'): no state is handed on, every token reads 0, so loss(zero) - loss(exact)
+        is what the state carries. compile: the span steps through the compiled static step.
+        Returns (x_out (B, T, d), the states read (B, T, d), the last token's new state (B, d))."""
         B, T = idx.shape
         x = self.run_blocks(self.drop(self.wte(idx)), 0, self.s - 1, range(T), None, cache)  # below
         state = x.new_zeros(B, 1, self.config.n_embd)  # R_{-1} = 0
         hs, reads = [], []
         for t in range(T):  # the recurrence
             m = None if rec_mask is None else rec_mask[:, t:t + 1]
-            if compile:  # the first token runs eagerly: it allocates the span's cache buffers
-                step, pos = self.compiled('span_step', compile) if t else self.span_step, torch.tensor([t], device=idx.device)
-            else:
-                step, pos = self.span_step, range(t, t + 1)
+            step = self.compiled('span_step', compile) if compile and t else self.span_step  # token 0 allocates the cache
+            pos = torch.tensor([t], device=idx.device) if compile else range(t, t + 1)
             h, read, new = step(x[:, t:t + 1], idx[:, t:t + 1], pos, state, cache, m)
             hs.append(h)
             reads.append(read)
@@ -611,34 +534,25 @@ class GPT(nn.Module):
         return x, reads, state[:, 0]
 
     def span_step(self, x, idx, pos, state, cache, rec_mask=None):
-        """One token through the span. x: (B, 1, d) its input to block s; idx: (B, 1) the token;
-        state: (B, 1, d) what the token before it handed on. Returns (h^(e), the state it
-        read: zero at a document start, the state it hands on)."""
+        """One token through the span: x (B, 1, d) its input to block s, idx (B, 1) the token, state
+        (B, 1, d) what the token before handed on. -> (h^(e), the state read, the state handed on)."""
         read = self._reset(state, idx, rec_mask)
         h = self.run_blocks(x, self.s, self.e, pos, read, cache, rec_mask)
         return h, read, self.next_state(h, read, rec_mask)
 
     def _jacobi(self, idx, n_iter, n_grad, cache=None, rec_mask=None, recompute=False, tol=None):
-        """Jacobi fixed-point iterations over the span (DESIGN.md 6), as the official code
-        runs them. D = n_iter, B = n_grad:
-          1. initial pass   the span without the state (jacobi_init='plain': no fusion, each
-                            token hands on its raw h^(e)) or with the zero state ('zero');
-          2. D-1 iterations fuse the shifted states, run the span, compute new states;
-                            only the last B carry gradient;
-          3. final pass     fuses the last states, runs the span and the layers above.
-        So the span runs D+1 times and B+1 passes carry gradient (all D+1 when B = D).
-        Exact positions after it: 0..D-1 ('plain') or 0..D ('zero'): n_iter >= T is exact.
-        tol (no gradient; Jacobi prefill): stop iterating once no state moved by more than tol
-        (the states are then a fixed point: the exact recurrence, to tol).
-        Returns (x_out, state_in, h_e) of the final pass and the number of span passes."""
-        B, T = idx.shape
-        D = n_iter
-        grad = torch.is_grad_enabled()
+        """Jacobi fixed-point iterations over the span (DESIGN.md 6), as the official code runs
+        them (D = n_iter, B = n_grad): 1. an initial pass, the span without the state ('plain':
+        each token hands on its raw h^(e)) or on the zero state ('zero'); 2. D-1 iterations: fuse
+        the shifted states, run the span, new states; the last B carry gradient; 3. a final pass.
+        The span runs D+1 times. Exact after it: positions 0..D-1 ('plain'), 0..D ('zero'). tol
+        (prefill): stop once no state moves by more than tol. -> (x_out, state_in, h_e, passes)."""
+        (B, T), D, grad = idx.shape, n_iter, torch.is_grad_enabled()
 
-        def span(st, with_grad, fb=None):  # one pass of the span over the whole sequence
+        def span(st, fb=None):  # one pass of the span over the whole sequence, reading states st
             run = lambda x, st: self.run_blocks(x, self.s, self.e, range(T), st, cache, rec_mask,
                                                 self.fb(st) if fb is None else fb)
-            if recompute and with_grad:  # keep only the inputs; recompute the pass in backward
+            if recompute and torch.is_grad_enabled():  # keep only the inputs; recompute in backward
                 return checkpoint(run, x, st, use_reentrant=False)
             return run(x, st)
 
@@ -652,58 +566,50 @@ class GPT(nn.Module):
                 state_in = self.shift_states(self.next_state(h, None, plain), idx, rec_mask)
             else:
                 zero = x.new_zeros(B, T, self.config.n_embd)
-                state_in = self.shift_states(self.next_state(span(zero, grad), zero, rec_mask), idx, rec_mask)
+                state_in = self.shift_states(self.next_state(span(zero), zero, rec_mask), idx, rec_mask)
         # 2. D-1 iterations; iteration d has D-1-d left and carries gradient when that is <= B
         passes = D + 1
         for d in range(D - 1):
             with torch.set_grad_enabled(grad and D - 1 - d <= n_grad):
-                new = self.shift_states(self.next_state(span(state_in, grad), state_in, rec_mask), idx, rec_mask)
-            moved = None if tol is None else (new - state_in).abs().max().item()
+                new = self.shift_states(self.next_state(span(state_in), state_in, rec_mask), idx, rec_mask)
+            converged = tol is not None and (new - state_in).abs().max().item() <= tol
             state_in = new
-            if moved is not None and moved <= tol:  # a fixed point: further iterations change nothing
+            if converged:  # a fixed point: more iterations change nothing
                 passes = d + 3
                 break
         # 3. final pass: the span, then the layers above, with the state it read
         fb = self.fb(state_in)
-        h = span(state_in, grad, fb)
+        h = span(state_in, fb)
         x = self.run_blocks(h, self.e + 1, self.config.n_layer - 1, range(T), state_in, cache, rec_mask, fb)
         return x, state_in, h, passes
 
     def forward_interleaved(self, idx, targets=None, n_subsets=2, rec_mask=None, n_rounds=1, recompute=False):
-        """Interleaved subset refinement (DESIGN.md 7). Subset i = positions t % S == i.
-        n_rounds = R > 1 repeats the S refinements R times, each round reading the states the
-        previous one left (our extension for deep chains, DESIGN.md 7; R = 1 is the paper,
-        S = 1 with R rounds is the official code's full-sequence multi-refine). Exact
-        positions after it: the first max(R*S, R+1); the gradient runs through all of them.
-        Returns (logits, loss): logits at each position from the last pass that refined it,
-        loss = the mean of the 1 + R*S pass losses (L_0 + sum_r sum_i L_ri) / (R*S + 1)."""
-        B, T = idx.shape
-        S, s, L = n_subsets, self.s, self.config.n_layer
-        check_scheme('interleaved', n_subsets=S, n_rounds=n_rounds, T=T)
+        """Interleaved subset refinement (DESIGN.md 7), subset i = positions t % S == i, refined R =
+        n_rounds times over (R > 1: our extension for deep chains; S = 1: the official multi-refine).
+        Exact: the first max(R*S, R+1) positions. -> (logits, each position's from the last pass
+        that refined it; loss, the mean of the 1 + R*S pass losses)."""
+        (B, T), S, s, L = idx.shape, n_subsets, self.s, self.config.n_layer
 
         def refine(x, st, P, m, ks, vs):
-            # blocks s..L-1 for the tokens at positions P, reading states st, over the buffer of
-            # keys/values (ks, vs: layers s..L-1, by original position) that the passes before
-            # left. -> (h^(e), the output, the buffer after this pass): a pure function, so that
-            # activation checkpointing can recompute it in backward
+            # blocks s..L-1 for the tokens at positions P, reading states st, over the key/value
+            # buffer (ks, vs: layers s..L-1) the passes before left. -> (h^(e), the output, the
+            # buffer after): a pure function, so that checkpointing can recompute it in backward
             buf = KVCache(L, T)
             buf.k[s:], buf.v[s:] = ks, vs
             fb = self.fb(st)
             h = self.run_blocks(x, s, self.e, P, st, buf, m, fb)
             return h, self.run_blocks(h, self.e + 1, L - 1, P, st, buf, m, fb), buf.k[s:], buf.v[s:]
 
-        def run(*args):
-            if recompute and torch.is_grad_enabled():
-                return checkpoint(refine, *args, use_reentrant=False)
-            return refine(*args)
+        def run(*args):  # with recompute: keep only the inputs, recompute the pass in backward
+            return checkpoint(refine, *args, use_reentrant=False) if recompute and torch.is_grad_enabled() else refine(*args)
 
         xs = self.run_blocks(self.drop(self.wte(idx)), 0, s - 1, range(T))  # below: once
         # 1. init pass with zero memory; keep its keys/values and the source states
         zero = xs.new_zeros(B, T, self.config.n_embd)
         h, out, ks, vs = run(xs, zero, range(T), rec_mask, [None] * (L - s), [None] * (L - s))
         states = self.next_state(h, zero, rec_mask)  # (B, T, d) the latest state produced by each token
-        logits0, loss0 = self._logits_loss(out, targets)
-        logits, losses = torch.empty_like(logits0), [loss0]
+        logits, loss0 = self._logits_loss(out, targets)
+        logits, losses = torch.empty_like(logits), [loss0]
         # 2. refine the subsets in order, R times over; each sees the states refined before it
         for _ in range(n_rounds):
             for i in range(S):
@@ -714,29 +620,23 @@ class GPT(nn.Module):
                 logits_i, loss_i = self._logits_loss(out, None if targets is None else targets[:, i::S])
                 logits[:, i::S] = logits_i  # in place: a later round overwrites an earlier one
                 losses.append(loss_i)
-        # 3. the mean of the R*S + 1 pass losses
-        loss = None if targets is None else sum(losses) / len(losses)
-        return logits, loss
+        return logits, None if targets is None else sum(losses) / len(losses)  # 3. the mean of the pass losses
 
     # ------------------------------------------------------------------
     # generation: KV cache + one state vector per sequence, one pass per token
 
     @torch.no_grad()
     def prefill(self, idx, cache, mode='exact', n_iter=8, compile=False, tol=None):
-        """Process a prompt into the cache. Returns (logits (B, T, V), state (B, d), span passes):
-        state is what the first generated token will read (before any reset).
-        mode: 'exact'   the exact recurrence, the span token by token (compile: compiled steps)
-              'jacobi'  Jacobi (DESIGN.md 6): D = n_iter; with tol, iterate until no state moves
-                        by more than tol, at most T iterations (then exact by construction)
-              'plain'   no recurrence in the prompt."""
+        """A prompt into the cache -> (logits (B, T, V), the state the next token reads (B, d), span
+        passes). mode: 'exact'; 'jacobi' (D = n_iter; with tol, until no state moves by more than
+        tol, at most T iterations: exact by construction); 'plain' (no recurrence in the prompt)."""
         B, T = idx.shape
-        passes = 0
         if self.rec == 'none':
             x = self.run_blocks(self.wte(idx), 0, self.config.n_layer - 1, range(T), None, cache)
-            return self._logits_loss(x, None)[0], None, passes
+            return self._logits_loss(x, None)[0], None, 0
+        passes = T if mode == 'exact' else 0
         if mode == 'exact':
             x, _, state = self._exact(idx, cache, compile=compile)
-            passes = T
         elif mode == 'jacobi':
             # the state of the last prompt token from the final pass (one refinement beyond
             # the official code, which seeds decoding from its last iteration)
@@ -754,12 +654,9 @@ class GPT(nn.Module):
     @torch.no_grad()
     def decode_step(self, tok, pos, state, cache):
         """One forward pass for one new token per sequence. tok: (B, 1) at position pos, a (1,)
-        long tensor (or an int); state: (B, d) from token pos-1. Returns (logits (B, 1, V), new
-        state (B, d)). The static step: the cache is a preallocated buffer written in place and
-        attended over whole, under a mask built from pos, so no shape depends on pos and
-        torch.compile compiles it once (generate(compile=True))."""
-        if not torch.is_tensor(pos):
-            pos = torch.tensor([pos], device=tok.device)
+        long tensor (or an int); state: (B, d) from token pos-1. -> (logits (B, 1, V), new state
+        (B, d)). The static step: no shape depends on pos, so torch.compile compiles it once."""
+        pos = pos if torch.is_tensor(pos) else torch.tensor([pos], device=tok.device)
         x = self.wte(tok)
         if self.rec == 'none':
             return self._logits_loss(self.run_blocks(x, 0, self.config.n_layer - 1, pos, None, cache), None)[0], None
@@ -773,25 +670,21 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, prefill='exact', prefill_iters=8,
                  return_logits=False, generator=None, stop_token=None, on_token=None, compile=False, prefill_tol=None):
-        """idx: (B, T0) prompts of equal length. Exactly one forward pass per new token after
-        the prefill. temperature 0 = greedy. Returns (B, T0 + max_new_tokens) tokens, and with
-        return_logits the (B, T0 + max_new_tokens - 1, V) logits that produced every next
-        token. on_token(tokens so far) is called after each new token (streaming); with
-        stop_token, generation ends early once every row has produced it (rows that stopped
-        earlier run on: cut them at their first stop_token). prefill_tol: Jacobi prefill until
-        converged (prefill='jacobi'). compile: False (eager), True (torch.compile'd decode_step
-        and exact-prefill span step, compiled once per batch size and length) or a torch.compile
-        mode, e.g. 'reduce-overhead' (CUDA graphs). The same decode_step runs either way; the
-        compiled steps keep one KV cache per shape across calls, so a graph is recorded once."""
+        """idx: (B, T0) prompts -> (B, T0 + max_new_tokens) tokens (return_logits: and the logits
+        of every next token). One forward pass per new token after the prefill. temperature 0 =
+        greedy; on_token(tokens so far) after each token; stop_token: stop once every row made it.
+        compile: True or a mode ('reduce-overhead': CUDA graphs): the same steps compiled, over one
+        KV cache per shape kept across calls, so a CUDA graph recorded once replays."""
         B, T0 = idx.shape
         if T0 + max_new_tokens > self.config.block_size:
             raise ValueError(f"prompt {T0} + {max_new_tokens} new tokens exceeds block_size {self.config.block_size}")
-        cache = self.kv_cache(B, T0 + max_new_tokens) if compile else KVCache(self.config.n_layer, T0 + max_new_tokens)
+        cache = KVCache(self.config.n_layer, T0 + max_new_tokens)
+        if compile:
+            cache = self.__dict__.setdefault('_caches', {}).setdefault((B, T0 + max_new_tokens), cache)
         logits, state, _ = self.prefill(idx, cache, prefill, prefill_iters, compile, prefill_tol)
         decode = self.compiled('decode_step', compile) if compile else self.decode_step
         cuda_graphs = 'reduce-overhead' in (compile, getattr(compile, 'get', dict().get)('mode'))
-        all_logits, out = [logits], [idx]
-        done = torch.zeros(B, 1, dtype=torch.bool, device=idx.device)
+        all_logits, out, done = [logits], [idx], torch.zeros(B, 1, dtype=torch.bool, device=idx.device)
         for step in range(max_new_tokens):
             tok = sample(logits[:, -1], temperature, top_k, generator)  # (B, 1)
             out.append(tok)
@@ -806,55 +699,27 @@ class GPT(nn.Module):
                 if cuda_graphs:  # CUDA graph outputs are overwritten by the next replay
                     logits, state = logits.clone(), state if state is None else state.clone()
                 all_logits.append(logits)
-        out = torch.cat(out, 1)
-        return (out, torch.cat(all_logits, 1)) if return_logits else out
-
-    def kv_cache(self, B, max_len):
-        """The KV cache the compiled steps write, one per (batch, length), kept across generate
-        calls: its buffers keep their addresses, so a CUDA graph recorded once replays."""
-        caches = self.__dict__.setdefault('_kv_caches', {})
-        if (B, max_len) not in caches:
-            caches[(B, max_len)] = KVCache(self.config.n_layer, max_len)
-        return caches[(B, max_len)]
+        return (torch.cat(out, 1), torch.cat(all_logits, 1)) if return_logits else torch.cat(out, 1)
 
     def compiled(self, name, compile=True):
-        """torch.compile'd self.<name> (a static step: 'decode_step' or 'span_step'), built once
-        per model and setting. compile: True, a torch.compile mode string ('reduce-overhead':
-        CUDA graphs), or a dict of torch.compile arguments (e.g. backend='eager' in tests). A
-        torch without a working compiler backend fails at the first call: one CompileError line."""
+        """torch.compile'd self.<name> (a static step: 'decode_step' or 'span_step'), built once per
+        model and setting. compile: True, a mode ('reduce-overhead': CUDA graphs) or a dict of
+        torch.compile arguments. (A compiler that fails here: configurator.compile_errors.)"""
         kw = {} if compile is True else dict(mode=compile) if isinstance(compile, str) else dict(compile)
+        steps = self.__dict__.setdefault('_compiled_steps', {})
         key = (name, tuple(sorted(kw.items())))
-        fns = self.__dict__.setdefault('_compiled_steps', {})
-        if key not in fns:
-            fn, ok = torch.compile(getattr(self, name), dynamic=False, **kw), []
-
-            def call(*args):
-                if ok:
-                    return fn(*args)
-                try:
-                    out = fn(*args)
-                except Exception as e:
-                    first = (str(e).strip().splitlines() or [''])[0][:200]
-                    raise CompileError(f"torch.compile({', '.join(f'{k}={v}' for k, v in kw.items())}) failed on "
-                                       f"this torch/machine: {type(e).__name__}: {first}; run with --compile=False") from None
-                ok.append(True)
-                return out
-            fns[key] = call
-        return fns[key]
-
-    # ------------------------------------------------------------------
-    # optimizer groups
+        if key not in steps:
+            steps[key] = torch.compile(getattr(self, name), dynamic=False, **kw)
+        return steps[key]
 
     def param_groups(self, weight_decay, rec_lr_mult=1.0):
-        """AdamW groups: decay on matrices (dim >= 2) only; norms, biases and the gate scalars
-        undecayed. The recurrence's own parameters get lr_mult = rec_lr_mult (the retrofit
-        recipe uses 100). train.py sets lr = base_lr * lr_mult."""
+        """AdamW groups: decay on matrices (dim >= 2) only. The recurrence's own parameters get
+        lr_mult = rec_lr_mult (the retrofit recipe: 100); train.py sets lr = base_lr * lr_mult."""
         groups = {}
         for name, p in self.named_parameters():
             if not p.requires_grad:
                 continue
-            decay = p.dim() >= 2
-            mult = rec_lr_mult if self.is_rec_param(name) else 1.0
+            decay, mult = p.dim() >= 2, rec_lr_mult if self.is_rec_param(name) else 1.0
             g = groups.setdefault((decay, mult), dict(params=[], weight_decay=weight_decay if decay else 0.0, lr_mult=mult))
             g['params'].append(p)
         return list(groups.values())
@@ -862,15 +727,9 @@ class GPT(nn.Module):
 # -----------------------------------------------------------------------------
 # helpers
 
-class CompileError(RuntimeError):
-    pass
-
-
 def where_on(rec_on, new, old):
     """new where the recurrence is on (rec_on: (B, T, 1) bool, None = everywhere), else old."""
-    if rec_on is None:
-        return new
-    return torch.where(rec_on.view(rec_on.shape + (1,) * (new.dim() - rec_on.dim())), new, old)
+    return new if rec_on is None else torch.where(rec_on.view(rec_on.shape + (1,) * (new.dim() - rec_on.dim())), new, old)
 
 
 def ce_loss(logits, targets):

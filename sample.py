@@ -44,16 +44,16 @@ as a picture (FILE.png, needs matplotlib) and as JSON (FILE.json); the table goe
 import os
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import nullcontext
 
 import numpy as np
 import torch
 
 from checkpoint import CheckpointError, from_pretrained, load_checkpoint
-from configurator import autocast, configure, fail
+from configurator import autocast, compile_errors, configure, fail
 from dataset import check_hub, data_fingerprint, get_tokenizer, load_answers, load_meta, load_split
 from diagnostics import plot_trace, task_accuracy, trace_values
-from model import GPT, GPTConfig, CompileError
+from model import GPT, GPTConfig
 from sft import extract_answer
 from tasks import task_labels
 
@@ -159,15 +159,6 @@ def printer(decode, skip, shown):
             print(text[len(shown[0]):], end='', flush=True)
             shown[0] = text
     return on_token, shown
-
-
-@contextmanager
-def compile_errors_fail():
-    """--compile=True on a torch without a working compiler backend: one line, exit 2."""
-    try:
-        yield
-    except CompileError as e:
-        fail(str(e))
 
 
 def evaluate(model, data_dir, meta, split, batch_size, ctx):
@@ -379,7 +370,7 @@ if __name__ == '__main__':
         model.config.attn_window = attn_window
     model.eval()
     print(f"model: {model.config.recurrence}, {model.config.n_layer} layers, d={model.config.n_embd}, "
-          f"{model.get_num_params() / 1e6:.2f}M parameters; data: {meta['name']}", file=sys.stderr)
+          f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters; data: {meta['name']}", file=sys.stderr)
 
     if trace:
         if trace_split:
@@ -427,7 +418,7 @@ if __name__ == '__main__':
     generator = torch.Generator(device=device).manual_seed(seed)
     kw = dict(temperature=temperature, top_k=top_k or None, prefill=prefill, prefill_iters=prefill_iters, generator=generator,
               compile=compile)
-    with ctx, compile_errors_fail():
+    with ctx, compile_errors() if compile else nullcontext():
         if num_samples == 1 and stream:
             prompt_text = decode(ids[skip:]).rstrip('\ufffd')
             print(prompt_text, end='', flush=True)

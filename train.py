@@ -39,6 +39,7 @@ import random
 import signal
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import asdict
 
 import numpy as np
@@ -47,7 +48,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from checkpoint import CheckpointError, from_pretrained, load_checkpoint, remove_stale_tmp, save_checkpoint
-from configurator import autocast as precision, configure, fail
+from configurator import autocast as precision, compile_errors, configure, fail
 from dataset import check_hub, data_fingerprint, load_meta, load_rec_mask, load_split
 from diagnostics import gate_stats, task_accuracy
 from flops import flops_per_token
@@ -411,7 +412,7 @@ scheme = dict(mode=train_mode, n_iter=n_iter, n_grad=n_grad, n_subsets=n_subsets
 flops_per_iter = flops_per_token(raw_model.config, seq_len, **scheme) * tokens_per_iter
 if master:
     n_rec = sum(p.numel() for n, p in raw_model.named_parameters() if GPT.is_rec_param(n))
-    print(f"{raw_model.get_num_params() / 1e6:.3f}M parameters ({n_rec} recurrent), "
+    print(f"{sum(p.numel() for p in raw_model.parameters()) / 1e6:.3f}M parameters ({n_rec} recurrent), "
           f"recurrence={raw_model.config.recurrence} s={raw_model.config.rec_start} e={raw_model.config.rec_end}, "
           f"train_mode={train_mode}, {tokens_per_iter} tokens/iter, {world_size} process(es) on {device}")
 
@@ -548,97 +549,98 @@ if wandb_log and master:
 
 t0 = time.time()
 try:
-    while True:
-        lr = get_lr(iter_num)
-        for g in optimizer.param_groups:
-            g['lr'] = lr * g['lr_mult']
+    with compile_errors() if compile else nullcontext():  # a compiler that fails here: one line
+        while True:
+            lr = get_lr(iter_num)
+            for g in optimizer.param_groups:
+                g['lr'] = lr * g['lr_mult']
 
-        at_start = iter_num == 0 and not eval_first and not eval_only
-        if (iter_num % eval_interval == 0 or eval_only or iter_num == max_iters) and not at_start:
-            bad = []
-            if master:
-                metrics = evaluate(final=iter_num == max_iters or eval_only)
-                print_eval(metrics)
-                log_json({'iter': iter_num, 'type': 'eval', **metrics})
-                if wandb_log:
-                    wandb.log({'iter': iter_num, **metrics})
-                bad = nonfinite(metrics)  # never saved: ckpt.pt and best.pt stay finite
-                warn_state(metrics)
-                val = metrics['val/loss_exact']
-                if not bad and iter_num > 0 and not eval_only:
-                    improved = val < best_val_loss
-                    best_val_loss = min(best_val_loss, val)
-                    if improved:  # best.pt: the best exact val loss so far, never replaced by a worse one
-                        save_checkpoint(checkpoint(), best_path)
-                    if improved or always_save_checkpoint:
-                        save_checkpoint(checkpoint(), ckpt_path)
-                        print(f"saved checkpoint to {ckpt_path}" + (f" and {best_path}" if improved else ""))
-            if ddp:  # every process evaluates at the same steps: all learn whether rank 0 saw a diverged model
-                flag = torch.tensor([float(bool(bad))], device=device)
-                dist.broadcast(flag, src=0)
-                bad = bad or (['an evaluation loss'] if flag.item() else [])
-            if bad:
-                stop_diverged(f"non-finite {', '.join(bad)}")
-            t0 = time.time()  # step timing excludes evaluation
-        if eval_only or iter_num >= max_iters:
-            break
+            at_start = iter_num == 0 and not eval_first and not eval_only
+            if (iter_num % eval_interval == 0 or eval_only or iter_num == max_iters) and not at_start:
+                bad = []
+                if master:
+                    metrics = evaluate(final=iter_num == max_iters or eval_only)
+                    print_eval(metrics)
+                    log_json({'iter': iter_num, 'type': 'eval', **metrics})
+                    if wandb_log:
+                        wandb.log({'iter': iter_num, **metrics})
+                    bad = nonfinite(metrics)  # never saved: ckpt.pt and best.pt stay finite
+                    warn_state(metrics)
+                    val = metrics['val/loss_exact']
+                    if not bad and iter_num > 0 and not eval_only:
+                        improved = val < best_val_loss
+                        best_val_loss = min(best_val_loss, val)
+                        if improved:  # best.pt: the best exact val loss so far, never replaced by a worse one
+                            save_checkpoint(checkpoint(), best_path)
+                        if improved or always_save_checkpoint:
+                            save_checkpoint(checkpoint(), ckpt_path)
+                            print(f"saved checkpoint to {ckpt_path}" + (f" and {best_path}" if improved else ""))
+                if ddp:  # every process evaluates at the same steps: all learn whether rank 0 saw a diverged model
+                    flag = torch.tensor([float(bool(bad))], device=device)
+                    dist.broadcast(flag, src=0)
+                    bad = bad or (['an evaluation loss'] if flag.item() else [])
+                if bad:
+                    stop_diverged(f"non-finite {', '.join(bad)}")
+                t0 = time.time()  # step timing excludes evaluation
+            if eval_only or iter_num >= max_iters:
+                break
 
-        # one optimisation step over the global batch
-        loss_sum = 0.0
-        for micro, (x, y, m) in enumerate(train_batches()):
-            if ddp:  # synchronise gradients on the last micro-step only
-                model.require_backward_grad_sync = micro == accum_local - 1
-            with autocast:
-                _, loss = model(x, y, rec_mask=m, recompute=recompute, **scheme)
-                loss_sum = loss_sum + loss.detach()
-                loss = loss / accum_local
-            scaler.scale(loss).backward()
-        scaler.unscale_(optimizer)  # (a no-op without fp16) the norm of the true gradient
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else math.inf)
-        # the step's train loss: the mean over all its micro-batches (of all processes, below).
-        # Divergence guard and stop requests, one small collective per step: [loss, grad norm,
-        # signal] non-finite / set on any process -> every process stops at the same step.
-        lossf = loss_sum / accum_local
-        flags = torch.stack([~torch.isfinite(lossf),
-                             ~torch.isfinite(grad_norm) & (not scaler.is_enabled()),  # fp16: the scaler skips such steps
-                             torch.tensor(stop_signal > 0, device=lossf.device)]).float()
-        if ddp:
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        loss_bad, grad_bad, stop = flags.tolist()
-        if loss_bad or grad_bad:  # before optimizer.step: the weights are still the last good ones
-            stop_diverged(' and '.join([f"non-finite train loss" + ('' if ddp else f" ({lossf.item()})")] * bool(loss_bad) +
-                                       [f"non-finite gradient norm ({grad_norm.item()})"] * bool(grad_bad)))
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        iter_num += 1
-        if gate_interval > 0 and iter_num % gate_interval == 0 and master and raw_model.config.recurrence != 'none':
-            x, _, m = draw_batch(torch.Generator().manual_seed(1234), 'val', batch_size)  # not data_gen: training unchanged
-            log_json({'iter': iter_num, 'type': 'gates', **gate_stats(raw_model, x, m, autocast)})
-
-        if iter_num % log_interval == 0:
+            # one optimisation step over the global batch
+            loss_sum = 0.0
+            for micro, (x, y, m) in enumerate(train_batches()):
+                if ddp:  # synchronise gradients on the last micro-step only
+                    model.require_backward_grad_sync = micro == accum_local - 1
+                with autocast:
+                    _, loss = model(x, y, rec_mask=m, recompute=recompute, **scheme)
+                    loss_sum = loss_sum + loss.detach()
+                    loss = loss / accum_local
+                scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)  # (a no-op without fp16) the norm of the true gradient
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else math.inf)
+            # the step's train loss: the mean over all its micro-batches (of all processes, below).
+            # Divergence guard and stop requests, one small collective per step: [loss, grad norm,
+            # signal] non-finite / set on any process -> every process stops at the same step.
+            lossf = loss_sum / accum_local
+            flags = torch.stack([~torch.isfinite(lossf),
+                                 ~torch.isfinite(grad_norm) & (not scaler.is_enabled()),  # fp16: the scaler skips such steps
+                                 torch.tensor(stop_signal > 0, device=lossf.device)]).float()
             if ddp:
-                dist.all_reduce(lossf, op=dist.ReduceOp.AVG)
-            if master:
-                dt = (time.time() - t0) / log_interval
-                t0 = time.time()
-                mfu = flops_per_iter / dt / peak_flops if peak_flops > 0 else None
-                print(f"iter {iter_num}: loss {lossf.item():.4f}, time {dt * 1000:.1f}ms, "
-                      f"{tokens_per_iter / dt:,.0f} tok/s" + (f", mfu {100 * mfu:.1f}%" if mfu else ""))
-                log_json({'iter': iter_num, 'type': 'train', 'loss': lossf.item(), 'lr': lr,
-                          'dt_ms': dt * 1000, 'tok_per_s': tokens_per_iter / dt, 'mfu': mfu})
-                if wandb_log:
-                    wandb.log({'iter': iter_num, 'train/loss': lossf.item(), 'lr': lr, 'mfu': mfu})
+                dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+            loss_bad, grad_bad, stop = flags.tolist()
+            if loss_bad or grad_bad:  # before optimizer.step: the weights are still the last good ones
+                stop_diverged(' and '.join([f"non-finite train loss" + ('' if ddp else f" ({lossf.item()})")] * bool(loss_bad) +
+                                           [f"non-finite gradient norm ({grad_norm.item()})"] * bool(grad_bad)))
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            iter_num += 1
+            if gate_interval > 0 and iter_num % gate_interval == 0 and master and raw_model.config.recurrence != 'none':
+                x, _, m = draw_batch(torch.Generator().manual_seed(1234), 'val', batch_size)  # not data_gen: training unchanged
+                log_json({'iter': iter_num, 'type': 'gates', **gate_stats(raw_model, x, m, autocast)})
 
-        if stop:  # the step boundary: the checkpoint is exactly what an uninterrupted run has here
-            sig = stop_signal or signal.SIGTERM  # (a process that got none stops because another did)
-            if master:
-                save_checkpoint(checkpoint(), ckpt_path)
-                print(f"stopped by {signal.Signals(sig).name} at step {iter_num}: saved checkpoint to {ckpt_path} "
-                      f"(resume with --init_from=resume)", flush=True)
-            if ddp:
-                dist.barrier()  # the others wait for rank 0's save
-            sys.exit(128 + sig)
+            if iter_num % log_interval == 0:
+                if ddp:
+                    dist.all_reduce(lossf, op=dist.ReduceOp.AVG)
+                if master:
+                    dt = (time.time() - t0) / log_interval
+                    t0 = time.time()
+                    mfu = flops_per_iter / dt / peak_flops if peak_flops > 0 else None
+                    print(f"iter {iter_num}: loss {lossf.item():.4f}, time {dt * 1000:.1f}ms, "
+                          f"{tokens_per_iter / dt:,.0f} tok/s" + (f", mfu {100 * mfu:.1f}%" if mfu else ""))
+                    log_json({'iter': iter_num, 'type': 'train', 'loss': lossf.item(), 'lr': lr,
+                              'dt_ms': dt * 1000, 'tok_per_s': tokens_per_iter / dt, 'mfu': mfu})
+                    if wandb_log:
+                        wandb.log({'iter': iter_num, 'train/loss': lossf.item(), 'lr': lr, 'mfu': mfu})
+
+            if stop:  # the step boundary: the checkpoint is exactly what an uninterrupted run has here
+                sig = stop_signal or signal.SIGTERM  # (a process that got none stops because another did)
+                if master:
+                    save_checkpoint(checkpoint(), ckpt_path)
+                    print(f"stopped by {signal.Signals(sig).name} at step {iter_num}: saved checkpoint to {ckpt_path} "
+                          f"(resume with --init_from=resume)", flush=True)
+                if ddp:
+                    dist.barrier()  # the others wait for rank 0's save
+                sys.exit(128 + sig)
     if ddp:
         # rank 0 may still be evaluating and saving: tearing gloo down under it aborts
         dist.barrier()
