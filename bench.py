@@ -28,6 +28,7 @@ import math
 import os
 import platform
 import statistics
+import sys
 import time
 
 from configurator import autocast, compile_errors, configure, fail
@@ -74,7 +75,15 @@ decode_reps = 3
 prefill_len = 128
 prefill_batch = 1
 prefill_iters = -1      # k of the Jacobi prefill; -1 = D
+prefill_tol = 1e-4      # the Jacobi prefill to tolerance: iterate until no state moves by more than this
+prefill_ckpt = ''       # also time the prefills on this trained checkpoint (prompts: random ids of its vocabulary)
 prefill_reps = 5
+# 4. memory at a training config's size (e.g. config/lrt_shared_fineweb.py; comma-separated): bytes
+# saved for backward per sequence, measured on this device at batch 1 and 2, and the peak predicted at its batch
+mem_configs = ''
+mem_vocab = 50257       # those configs' vocabulary (the 135M configs train on GPT-2 tokens)
+mem_gpu_gib = 80.0      # the GPU memory the prediction is held against
+memory_only = False     # run section 4 alone
 # output
 out = ''                # also write the JSON object to this file
 plot = ''               # draw measured vs predicted ratios into this .png (needs matplotlib)
@@ -230,21 +239,76 @@ print(f"model: n_layer={n_layer} n_embd={n_embd} n_head={n_head} n_kv_head={n_kv
       f"LRT reads from block {placement['lrt'][0]}, source block {placement['lrt'][1]}")
 
 # -----------------------------------------------------------------------------
+# 4. memory at a training config's size: bytes saved for backward, and the predicted peak
+
+def config_memory(path):
+    """A train config's model and scheme (model fields: GPTConfig's defaults where the file is
+    silent; the scheme: train.py's) at batch 1 and 2 of its block_size, bf16 autocast as on a GPU:
+    the bytes saved for backward per sequence (slope) and per step (intercept: the bf16 weight
+    copies), and the peak predicted at its micro-batch: fp32 weights, gradients and AdamW (16 bytes
+    a parameter), the saved activations, and the fp32 logit gradient of backward."""
+    ns = {}
+    exec(open(path).read(), ns)
+    scheme = dict(mode=ns.get('train_mode', 'jacobi'), n_iter=ns.get('n_iter', 8), n_grad=ns.get('n_grad', 4),
+                  n_subsets=ns.get('n_subsets', 2), n_rounds=ns.get('n_rounds', 1), recompute=ns.get('recompute', False))
+    args = {k: ns[k] for k in GPTConfig.__dataclass_fields__ if k in ns}
+    args.update(vocab_size=mem_vocab, vocab_pad=ns.get('vocab_pad', 128), reset_token=None)
+    torch.manual_seed(seed)
+    m = GPT(GPTConfig(**args)).to(device).train()
+    T, mb_size = m.config.block_size, ns.get('batch_size', 32)
+    global param_ptrs
+    param_ptrs = {t.untyped_storage().data_ptr() for t in (*m.parameters(), *m.buffers())}
+    saved = []
+    for b in (1, 2):
+        x = torch.randint(0, mem_vocab, (b, T), device=device)
+        with torch.autocast(device_type, dtype=torch.bfloat16):
+            saved.append(activation_bytes(lambda: m(x, x, **scheme)))
+    per_seq, per_step = saved[1] - saved[0], 2 * saved[0] - saved[1]
+    n_params = sum(p.numel() for p in m.parameters())
+    peak = 16 * n_params + per_step + per_seq * mb_size + 2 * 4 * mb_size * T * m.config.padded_vocab
+    return dict(config=path, mode=scheme['mode'], recompute=scheme['recompute'], block_size=T, micro_batch=mb_size,
+                n_params=n_params, saved_gib_per_seq=per_seq / 2**30, saved_bytes_per_token=per_seq / T,
+                predicted_peak_gib=peak / 2**30, fits=peak / 2**30 < 0.9 * mem_gpu_gib)
+
+
+
+def memory_section():
+    print(f"\n4. memory at the configs' size (bf16 autocast on {device}; predicted peak held against {mem_gpu_gib:g} GiB)")
+    results['memory'] = []
+    for path in mem_configs.split(','):
+        if not os.path.isfile(path):
+            fail(f"mem_configs: no config file {path}")
+        r = config_memory(path)
+        results['memory'].append(r)
+        print(f"  {path}: {r['mode']}{' +recompute' if r['recompute'] else ''}, saved {r['saved_gib_per_seq']:.2f} GiB per "
+              f"{r['block_size']}-token sequence ({r['saved_bytes_per_token'] / 1024:.0f} KB/token); micro-batch "
+              f"{r['micro_batch']}: predicted peak {r['predicted_peak_gib']:.1f} GiB"
+              + ('' if r['fits'] else f"  > 90% of {mem_gpu_gib:g} GiB: lower batch_size"), flush=True)
+
+
+if memory_only:  # section 4 alone
+    memory_section()
+    print(json.dumps(results, default=float))
+    sys.exit(0)
+
+# -----------------------------------------------------------------------------
 # 1. training step: forward(mode) + backward + AdamW, same batch for every variant
 
-TRAIN = [  # (name, recurrence, mode)
-    ('plain', 'none', 'plain'),
-    ('t2mlr+jacobi', 't2mlr', 'jacobi'),
-    ('lrt+interleaved', 'lrt', 'interleaved'),
-    ('t2mlr+interleaved', 't2mlr', 'interleaved'),
-    ('lrt+jacobi', 'lrt', 'jacobi'),
+TRAIN = [  # (name, recurrence, mode, activation checkpointing)
+    ('plain', 'none', 'plain', False),
+    ('t2mlr+jacobi', 't2mlr', 'jacobi', False),
+    ('lrt+interleaved', 'lrt', 'interleaved', False),
+    ('t2mlr+interleaved', 't2mlr', 'interleaved', False),
+    ('lrt+jacobi', 'lrt', 'jacobi', False),
+    ('t2mlr+jacobi+rc', 't2mlr', 'jacobi', True),
+    ('lrt+interleaved+rc', 'lrt', 'interleaved', True),
 ]
 g = torch.Generator().manual_seed(seed)
 data = torch.randint(0, vocab_size, (batch_size, seq_len + 1), generator=g).to(device)
 X, Y = data[:, :-1].contiguous(), data[:, 1:].contiguous()
 kw = dict(n_iter=D, n_grad=B, n_subsets=S)
 variants = []
-for name, rec, mode in TRAIN:
+for name, rec, mode, rc in TRAIN:
     m = make_model(rec).train()
     groups = m.param_groups(weight_decay)
     for grp in groups:
@@ -252,7 +316,7 @@ for name, rec, mode in TRAIN:
     opt = torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, 0.95),
                             **(dict(fused=True) if device_type == 'cuda' else {}))
     fwd = torch.compile(m) if compile_train else m
-    variants.append(dict(name=name, rec=rec, mode=mode, model=m, opt=opt, fwd=fwd, times=[], mem=[]))
+    variants.append(dict(name=name, rec=rec, mode=mode, recompute=rc, model=m, opt=opt, fwd=fwd, times=[], mem=[]))
 # parameters and buffers (the RoPE tables) are not activations: leave them out of the count
 param_ptrs = {t.untyped_storage().data_ptr() for v in variants
               for t in (*v['model'].parameters(), *v['model'].buffers())}
@@ -260,7 +324,7 @@ param_ptrs = {t.untyped_storage().data_ptr() for v in variants
 
 def train_step(v):
     with ctx:
-        _, loss = v['fwd'](X, Y, mode=v['mode'], **kw)
+        _, loss = v['fwd'](X, Y, mode=v['mode'], recompute=v['recompute'], **kw)
     loss.backward()
     v['opt'].step()
     v['opt'].zero_grad(set_to_none=True)
@@ -292,14 +356,14 @@ rows = []
 for v in variants:
     m = v['model']
     with ctx:
-        act = activation_bytes(lambda: m(X, Y, mode=v['mode'], **kw))
+        act = activation_bytes(lambda: m(X, Y, mode=v['mode'], recompute=v['recompute'], **kw))
     fl = flops_per_token(m.config, seq_len, v['mode'], **kw)
     t = med(v['times'])
     rows.append(dict(name=v['name'], recurrence=v['rec'], mode=v['mode'], step_ms=1e3 * t,
                      step_ms_min=1e3 * min(v['times']), step_ms_max=1e3 * max(v['times']),
                      tokens_per_s=batch_size * seq_len / t, flops_per_token=fl,
                      achieved_gflops=fl * batch_size * seq_len / t / 1e9,
-                     flop_ratio=fl / plain_flops, act_mem_mb=mb(act),
+                     flop_ratio=fl / plain_flops, act_mem_mb=mb(act), act_bytes_per_token=act / (batch_size * seq_len),
                      step_peak_mem_mb=mb(max(v['mem'])) if v['mem'] else None,
                      loss=v['loss'], n_params=sum(p.numel() for p in m.parameters())))
 for r in rows:
@@ -307,15 +371,16 @@ for r in rows:
     r['ratio_over_flops'] = r['ratio'] / r['flop_ratio']  # > 1: slower than the arithmetic explains
     r['act_mem_ratio'] = r['act_mem_mb'] / rows[0]['act_mem_mb'] if rows[0]['act_mem_mb'] else None
 results['train'] = rows
-print(f"{'variant':<18} {'ms/step':>9} {'tok/s':>9} {'ratio':>6} {'FLOPs':>6} {'GFLOP/s':>8} "
-      f"{'act MB':>7} {'act x':>6} {'peak MB':>8}")
+print(f"{'variant':<19} {'ms/step':>9} {'tok/s':>9} {'ratio':>6} {'FLOPs':>6} {'GFLOP/s':>8} "
+      f"{'act MB':>7} {'KB/tok':>7} {'act x':>6} {'peak MB':>8}")
 for r in rows:
     pk = '-' if r['step_peak_mem_mb'] is None else f"{r['step_peak_mem_mb']:.1f}"
-    print(f"{r['name']:<18} {r['step_ms']:9.1f} {r['tokens_per_s']:9.0f} {r['ratio']:6.2f} {r['flop_ratio']:6.2f} "
-          f"{r['achieved_gflops']:8.2f} {r['act_mem_mb']:7.1f} {r['act_mem_ratio']:6.2f} {pk:>8}")
-print("  ratio = measured step time / plain; FLOPs = flops.flops_per_token(mode) / plain's; "
-      "act MB = tensors saved for backward" + ("; peak MB = cuda max_memory_allocated during the step"
-                                               if device_type == 'cuda' else " (peak memory: cuda only)"))
+    print(f"{r['name']:<19} {r['step_ms']:9.1f} {r['tokens_per_s']:9.0f} {r['ratio']:6.2f} {r['flop_ratio']:6.2f} "
+          f"{r['achieved_gflops']:8.2f} {r['act_mem_mb']:7.1f} {r['act_bytes_per_token'] / 1024:7.1f} "
+          f"{r['act_mem_ratio']:6.2f} {pk:>8}")
+print("  ratio = measured step time / plain; FLOPs = flops.flops_per_token(mode) / plain's; act MB = tensors "
+      "saved for backward (KB/tok: per trained token); +rc = activation checkpointing (recompute=True)"
+      + ("; peak MB = cuda max_memory_allocated during the step" if device_type == 'cuda' else " (peak memory: cuda only)"))
 del variants, train_step
 if device_type == 'cuda':
     torch.cuda.empty_cache()
@@ -501,30 +566,43 @@ print("  FLOPs = flops_per_token(exact, forward) / plain's at the mean context; 
       + ("; HF gen: LlamaForCausalLM.generate, greedy, use_cache, same weights as plain, per decoded token" if hrows else ''))
 
 # -----------------------------------------------------------------------------
-# 3. prefill: a prompt of prefill_len tokens into an empty cache
+# 3. prefill: a prompt of prefill_len tokens into an empty cache; the Jacobi prefill to tolerance
 
-print(f"\n3. prefill: batch {prefill_batch} x {prefill_len} tokens, Jacobi k={prefill_iters}, "
-      f"median of {prefill_reps} runs")
-g = torch.Generator().manual_seed(seed)
-prompt = torch.randint(0, vocab_size, (prefill_batch, prefill_len), generator=g).to(device)
-CASES = [('none', 'plain')] + [(r, mode) for r in ('t2mlr', 'lrt') for mode in ('plain', 'exact', 'jacobi')]
+print(f"\n3. prefill: batch {prefill_batch} x {prefill_len} tokens, Jacobi k={prefill_iters} and to tolerance "
+      f"{prefill_tol:g}, median of {prefill_reps} runs")
+prompts = {r: torch.randint(0, vocab_size, (prefill_batch, prefill_len), generator=torch.Generator().manual_seed(seed))
+           .to(device) for r in models}
+if prefill_ckpt:  # a trained model: random ids of its vocabulary are inputs of the s5 tasks (parity, S3)
+    from checkpoint import CheckpointError, load_checkpoint
+    try:
+        models['ckpt'] = load_checkpoint(prefill_ckpt, device)[0].eval()
+    except CheckpointError as e:
+        fail(str(e))
+    NAMES['ckpt'] = 'ckpt'
+    c = models['ckpt'].config
+    prompts['ckpt'] = torch.randint(0, c.vocab_size, (prefill_batch, min(prefill_len, c.block_size)),
+                                    generator=torch.Generator().manual_seed(seed)).to(device)
+CASES = [('none', 'plain')] + [(r, mode) for r in ('t2mlr', 'lrt') for mode in ('plain', 'exact', 'jacobi', 'jacobi-tol')]
+CASES += [('ckpt', mode) for mode in ('plain', 'exact', 'jacobi', 'jacobi-tol') if prefill_ckpt]
 if compile:  # the exact prefill's span steps compiled; and the plain prefill compiled whole, its peer
     CASES += [('none', 'plain-compiled'), ('t2mlr', 'exact-compiled'), ('lrt', 'exact-compiled')]
     plain_prefill_compiled = torch.compile(models['none'].prefill, dynamic=False, **CMODE)
-times = {c: [] for c in CASES}
+times, passes = {c: [] for c in CASES}, {}
 
 
 def prefill_run(r, mode):
-    cache = KVCache(n_layer, prefill_len)
+    m, prompt = models[r], prompts[r]
+    cache = KVCache(m.config.n_layer, prompt.size(1))
     with ctx:
         sync()
         t0 = time.perf_counter()
         if mode == 'plain-compiled':
             plain_prefill_compiled(prompt, cache, 'plain')
         elif mode == 'exact-compiled':
-            models[r].prefill(prompt, cache, 'exact', compile=CMODE)
+            m.prefill(prompt, cache, 'exact', compile=CMODE)
         else:
-            models[r].prefill(prompt, cache, mode, n_iter=prefill_iters)
+            passes[(r, mode)] = m.prefill(prompt, cache, mode.removesuffix('-tol'), n_iter=prefill_iters,
+                                          tol=prefill_tol if mode == 'jacobi-tol' else None)[2]
         sync()
     return time.perf_counter() - t0
 
@@ -534,25 +612,36 @@ for rep in range(1 + prefill_reps):  # first round = warm-up (and compilation)
         dt = run_compiled(lambda: prefill_run(*c)) if rep == 0 else prefill_run(*c)
         if rep:
             times[c].append(dt)
-base_fl = flops_per_token(models['none'].config, prefill_len, 'plain', train=False)
 rows = []
 for r, mode in CASES:
-    m, t = models[r], med(times[(r, mode)])
-    fl = flops_per_token(m.config, prefill_len, mode.removesuffix('-compiled'), n_iter=prefill_iters, n_grad=0, train=False)
-    rows.append(dict(model=NAMES[r], mode=mode, n_iter=prefill_iters if mode == 'jacobi' else None,
-                     prompt_len=prefill_len, batch=prefill_batch, ms=1e3 * t,
-                     tokens_per_s=prefill_batch * prefill_len / t, flop_ratio=fl / base_fl))
+    m, t, T = models[r], med(times[(r, mode)]), prompts[r].size(1)
+    base = ('ckpt', 'plain') if r == 'ckpt' else ('none', 'plain')  # the same backbone, no recurrence
+    n = passes.get((r, mode), 0) - 1 if mode == 'jacobi-tol' else prefill_iters  # its D
+    fl = flops_per_token(m.config, T, mode.removesuffix('-compiled').removesuffix('-tol'), n_iter=max(n, 1),
+                         n_grad=0, train=False)
+    fl_base = flops_per_token(m.config, T, 'plain', train=False)
+    rows.append(dict(model=NAMES[r], mode=mode, n_iter=n if mode.startswith('jacobi') else None,
+                     span_passes=passes.get((r, mode)), prompt_len=T, batch=prefill_batch, ms=1e3 * t,
+                     tokens_per_s=prefill_batch * T / t, flop_ratio=fl / fl_base, base=base))
 for row in rows:
-    row['ratio'] = row['ms'] / rows[0]['ms']
+    row['ratio'] = row['ms'] / next(x['ms'] for x in rows if (x['model'], x['mode']) == (NAMES[row['base'][0]], row['base'][1]))
     row['ratio_over_flops'] = row['ratio'] / row['flop_ratio']
     if compile and row['mode'].endswith('-compiled'):  # against the compiled plain prefill
         row['ratio_to_plain_compiled'] = row['ms'] / next(r['ms'] for r in rows if r['mode'] == 'plain-compiled')
+    del row['base']
 results['prefill'] = rows
-print(f"{'model':<7} {'mode':<14} {'ms':>9} {'tok/s':>9} {'ratio':>7} {'FLOPs':>6}" + (f" {'x compiled plain':>16}" if compile else ''))
+print(f"{'model':<7} {'mode':<14} {'T':>5} {'ms':>9} {'tok/s':>9} {'ratio':>7} {'FLOPs':>6} {'passes':>7}"
+      + (f" {'x compiled plain':>16}" if compile else ''))
 for r in rows:
     cx = f" {r['ratio_to_plain_compiled']:16.2f}" if 'ratio_to_plain_compiled' in r else ''
-    print(f"{r['model']:<7} {r['mode']:<14} {r['ms']:9.2f} {r['tokens_per_s']:9.0f} {r['ratio']:7.2f} {r['flop_ratio']:6.2f}{cx}")
-print("  ratio = x eager plain prefill; exact runs the recurrent layers token by token: its cost is latency, not FLOPs")
+    ps = '-' if r['span_passes'] is None else str(r['span_passes'])
+    print(f"{r['model']:<7} {r['mode']:<14} {r['prompt_len']:5d} {r['ms']:9.2f} {r['tokens_per_s']:9.0f} {r['ratio']:7.2f} "
+          f"{r['flop_ratio']:6.2f} {ps:>7}{cx}")
+print("  ratio = x the plain prefill of the same backbone; exact runs the span token by token (its cost is latency, "
+      "not FLOPs); jacobi-tol iterates until no state moves by more than prefill_tol (passes: span passes it took)")
+
+if mem_configs:
+    memory_section()
 
 # -----------------------------------------------------------------------------
 # optional: where the time goes (torch.profiler, one step of each variant)
@@ -561,7 +650,7 @@ if profile:
     from torch.profiler import profile as tprofile, ProfilerActivity
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_type == 'cuda' else [])
     sort = 'self_device_time_total' if device_type == 'cuda' else 'self_cpu_time_total'
-    for name, rec, mode in TRAIN:
+    for name, rec, mode, rc in TRAIN:
         m = make_model(rec).train()
         with ctx:
             m(X, Y, mode=mode, **kw)[1].backward()  # warm-up

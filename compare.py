@@ -84,7 +84,7 @@ names, seed_list = models.split(','), [int(s) for s in seeds.split(',')]
 for n in names:
     if n not in MODELS:
         fail(f"unknown model {n!r}; expected some of {', '.join(MODELS)}")
-quick_args = ['--n_embd=16', '--n_head=2', '--n_kv_head=2', '--batch_size=4', '--eval_iters=1', '--eval_exact_iters=1',
+quick_args = ['--device=cpu', '--n_embd=16', '--n_head=2', '--n_kv_head=2', '--batch_size=4', '--eval_iters=1', '--eval_exact_iters=1',
               '--eval_examples=16', '--log_interval=1'] if quick else []
 
 

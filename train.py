@@ -126,16 +126,20 @@ lr_decay_iters = -1      # -1 = max_iters
 min_lr = 1e-4
 # system
 device = 'cuda' if torch.cuda.is_available() else 'cpu'
-dtype = 'bfloat16' if torch.cuda.is_available() else 'float32'  # 'float32' | 'bfloat16' | 'float16' | 'float64'
+dtype = 'auto'           # 'auto' (bfloat16 on cuda, float32 on cpu) | 'float32' | 'bfloat16' | 'float16' | 'float64'
 compile = False
 compile_backend = 'inductor'
 ddp_timeout = 600.0      # seconds a process waits for the others in a collective (a frozen rank ends the job);
                          # more than the longest evaluation + save, which rank 0 runs alone
-peak_flops = 989e12 if torch.cuda.is_available() else 0.0  # for MFU (H100/H200 bf16 dense); 0 = no MFU
+peak_flops = -1.0        # for MFU; -1 = auto (989e12, H100/H200 bf16 dense, on cuda; none on cpu); 0 = no MFU
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items()
                if not k.startswith('_') and isinstance(v, (int, float, bool, str, type(None)))]
 configure(globals(), config_keys)
+if dtype == 'auto':  # after the overrides: --device=cpu on a GPU machine means float32
+    dtype = 'bfloat16' if device.startswith('cuda') else 'float32'
+if peak_flops < 0:
+    peak_flops = 989e12 if device.startswith('cuda') else 0.0
 config = {k: globals()[k] for k in config_keys}
 
 
@@ -415,6 +419,8 @@ if master:
     print(f"{sum(p.numel() for p in raw_model.parameters()) / 1e6:.3f}M parameters ({n_rec} recurrent), "
           f"recurrence={raw_model.config.recurrence} s={raw_model.config.rec_start} e={raw_model.config.rec_end}, "
           f"train_mode={train_mode}, {tokens_per_iter} tokens/iter, {world_size} process(es) on {device}")
+    if ddp:
+        print(f"data: each process reads {accum_local} of the {gradient_accumulation_steps} micro-batches of a step")
 
 
 def get_lr(it):

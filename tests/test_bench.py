@@ -31,10 +31,23 @@ def finite_pos(x):
 def quick(tmp_path_factory):
     tmp = tmp_path_factory.mktemp('bench')
     out = tmp / 'bench.json'
+    # a trained-model stand-in for the prefill section, and a small training config for the memory one
+    import dataclasses
+    import torch
+    from checkpoint import save_checkpoint
+    from model import GPT, GPTConfig
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(block_size=24, vocab_size=3, n_layer=2, n_head=2, n_kv_head=1, n_embd=16, recurrence='t2mlr',
+                      rec_start=0, rec_end=1))
+    save_checkpoint({'model': m.state_dict(), 'model_args': dataclasses.asdict(m.config)}, str(tmp / 'ckpt.pt'))
+    (tmp / 'mem.py').write_text("n_layer = 2\nn_embd = 32\nn_head = 4\nn_kv_head = 2\nblock_size = 64\nbatch_size = 8\n"
+                                "recurrence = 'lrt'\ntrain_mode = 'interleaved'\nn_subsets = 2\n")
+    (tmp / 'mem_rc.py').write_text((tmp / 'mem.py').read_text() + "recompute = True\n")
     # compiled decode and prefill too, with dynamo's 'eager' backend: the same tracing, the
     # same static shapes and rows, without minutes of inductor code generation
     args = ['--quick=True', '--threads=1', f'--out={out}', '--compile=True', '--compile_backend=eager',
-            '--decode_batches=1']
+            '--decode_batches=1', f'--prefill_ckpt={tmp}/ckpt.pt', f'--mem_configs={tmp}/mem.py,{tmp}/mem_rc.py',
+            '--mem_vocab=100']
     if HAVE_MPL:  # draw the plot in the same run: one quick run for every test
         args.append(f"--plot={tmp / 'bench.png'}")
     p = bench(*args)
@@ -53,10 +66,11 @@ def test_json_last_line_and_out_file(quick):
 def test_training_figures(quick):
     res, _, _ = quick
     rows = {r['name']: r for r in res['train']}
-    assert set(rows) == {'plain', 't2mlr+jacobi', 'lrt+interleaved', 't2mlr+interleaved', 'lrt+jacobi'}
+    assert set(rows) == {'plain', 't2mlr+jacobi', 'lrt+interleaved', 't2mlr+interleaved', 'lrt+jacobi',
+                         't2mlr+jacobi+rc', 'lrt+interleaved+rc'}
     for name, r in rows.items():
         for k in ('step_ms', 'step_ms_min', 'step_ms_max', 'tokens_per_s', 'ratio', 'flop_ratio', 'ratio_over_flops',
-                  'flops_per_token', 'achieved_gflops', 'act_mem_mb', 'act_mem_ratio', 'n_params'):
+                  'flops_per_token', 'achieved_gflops', 'act_mem_mb', 'act_mem_ratio', 'n_params', 'act_bytes_per_token'):
             assert finite_pos(r[k]), (name, k, r[k])
         assert r['step_ms_min'] <= r['step_ms'] <= r['step_ms_max']
         assert math.isfinite(r['loss'])
@@ -67,6 +81,19 @@ def test_training_figures(quick):
             assert rows[name]['flop_ratio'] > 1, name  # every scheme makes extra passes
     # same backbone: the recurrent models only add their own parameters
     assert rows['t2mlr+jacobi']['n_params'] > rows['plain']['n_params']
+    # activation checkpointing: the same arithmetic and more of it, far fewer bytes kept for backward
+    for name in ('t2mlr+jacobi', 'lrt+interleaved'):
+        assert rows[name + '+rc']['act_bytes_per_token'] < 0.5 * rows[name]['act_bytes_per_token']
+        assert rows[name + '+rc']['flop_ratio'] == rows[name]['flop_ratio']
+
+
+def test_memory_at_a_configs_size(quick):
+    res, stdout, _ = quick
+    full, rc = res['memory']
+    assert full['mode'] == 'interleaved' and not full['recompute'] and rc['recompute'] and full['micro_batch'] == 8
+    for r in (full, rc):
+        assert finite_pos(r['saved_bytes_per_token']) and finite_pos(r['predicted_peak_gib']) and r['fits']
+    assert rc['saved_bytes_per_token'] < full['saved_bytes_per_token'] and 'predicted peak' in stdout
 
 
 def test_decode_figures(quick):
@@ -118,12 +145,16 @@ def test_prefill_figures(quick):
     res, _, _ = quick
     modes = {(r['model'], r['mode']) for r in res['prefill']}
     assert modes == ({('plain', 'plain'), ('plain', 'plain-compiled')}
-                     | {(m, k) for m in ('t2mlr', 'lrt') for k in ('plain', 'exact', 'jacobi', 'exact-compiled')})
+                     | {(m, k) for m in ('t2mlr', 'lrt') for k in ('plain', 'exact', 'jacobi', 'jacobi-tol', 'exact-compiled')}
+                     | {('ckpt', k) for k in ('plain', 'exact', 'jacobi', 'jacobi-tol')})
+    for r in res['prefill']:
+        if r['mode'] == 'jacobi-tol':  # to tolerance: never more than T + 1 span passes
+            assert 2 <= r['span_passes'] <= r['prompt_len'] + 1
     for r in res['prefill']:
         for k in ('ms', 'tokens_per_s', 'ratio', 'flop_ratio', 'ratio_over_flops'):
             assert finite_pos(r[k]), (r, k)
         if r['mode'] == 'jacobi':
-            assert r['n_iter'] == res['config']['D'] and r['flop_ratio'] > 1
+            assert r['n_iter'] == res['config']['D'] and r['flop_ratio'] > 1 and r['span_passes'] == r['n_iter'] + 1
         if r['mode'].endswith('-compiled'):
             assert finite_pos(r['ratio_to_plain_compiled'])
 

@@ -35,7 +35,7 @@ from sample import evaluate_answers  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, 'OMP_NUM_THREADS': '1', 'HF_HUB_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1'}
 N = 20  # training steps
-TRAIN = ['--dataset=sums', '--recurrence=t2mlr', '--rec_start=1', '--rec_end=1', '--rec_gate_gain=1e-2',
+TRAIN = ['--device=cpu', '--dataset=sums', '--recurrence=t2mlr', '--rec_start=1', '--rec_end=1', '--rec_gate_gain=1e-2',
          '--rec_lr_mult=10.0', '--train_mode=jacobi', '--n_iter=4', '--n_grad=2', '--batch_size=16',
          '--learning_rate=3e-3', '--min_lr=3e-4', '--warmup_iters=2', f'--lr_decay_iters={N}', '--weight_decay=0.0',
          '--eval_interval=10', '--eval_iters=2', '--eval_exact_iters=1', '--eval_examples=16', '--log_interval=1']

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ['--n_layer=2', '--n_embd=16', '--n_head=2', '--n_kv_head=1', '--batch_size=4', '--block_size=16',
+TINY = ['--device=cpu', '--n_layer=2', '--n_embd=16', '--n_head=2', '--n_kv_head=1', '--batch_size=4', '--block_size=16',
         '--eval_iters=1', '--eval_exact_iters=1', '--eval_examples=8', '--log_interval=1', '--warmup_iters=1']
 
 

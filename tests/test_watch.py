@@ -137,7 +137,7 @@ def parity(tmp_path_factory):
 
 
 def train(args, data, out):
-    cmd = [sys.executable, os.path.join(ROOT, 'train.py'), '--n_layer=2', '--n_embd=16', '--n_head=2', '--n_kv_head=1',
+    cmd = [sys.executable, os.path.join(ROOT, 'train.py'), '--device=cpu', '--n_layer=2', '--n_embd=16', '--n_head=2', '--n_kv_head=1',
            '--batch_size=4', '--eval_iters=1', '--eval_exact_iters=2', '--eval_examples=8', '--log_interval=1',
            f'--data_root={data}', '--dataset=s5_Z2', f'--out_dir={out}', *args]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV)
