@@ -236,3 +236,67 @@ def task_accuracy(model, X, Y, M=None, mode='exact', batch_size=256, ctx=nullcon
     return dict(loss=loss_sum / max(labelled_n, 1), acc=right_n / max(labelled_n, 1), em=em / max(n, 1), right=right_n, labelled=labelled_n,
                 pos_acc=(pos_right / pos_n.clamp(min=1)).tolist(), pos_n=pos_n.tolist(),
                 step_acc=kept / prev if prev else None)
+
+# -----------------------------------------------------------------------------
+# Jacobi convergence on a trained model (sample.py --jacobi_profile)
+
+@torch.no_grad()
+def jacobi_profile(model, X, M=None, K=None, rtol=1e-3, batch_size=64):
+    """How fast Jacobi iterations reach the exact recurrence on rows X (n, T) (M: optional
+    recurrence mask). For k = 1..K (default T) runs model's Jacobi with D = k (model._jacobi,
+    the training schedule) and compares the states its final pass reads, and its predictions,
+    with the exact sequential recurrence's. A state is exact when ||s - s*|| <= rtol ||s*||.
+    The worst case (a state that never contracts) is one more exact position per iteration.
+    -> list over k of dict(k, state_exact: fraction of positions, pred_exact: fraction of
+    positions with the exact argmax, prefix: mean over rows of the exact prefix length (leading
+    positions all exact), prefix_min, max_change: the largest |state_k - state_{k-1}|)."""
+    from model import KVCache
+    model.eval()
+    device = model.lm_head.weight.device
+    n, T = X.shape
+    K = K or T
+    sums = [dict(k=k, state_exact=0.0, pred_exact=0.0, prefix=0.0, prefix_min=T, max_change=0.0) for k in range(1, K + 1)]
+    for i in range(0, n, batch_size):
+        idx = torch.from_numpy(np.asarray(X[i:i + batch_size], dtype=np.int64)).to(device)
+        m = None if M is None else torch.from_numpy(np.asarray(M[i:i + batch_size], dtype=np.bool_)).to(device)
+        x, exact_states, _ = model._exact(idx, KVCache(model.config.n_layer, T), m)
+        exact_pred = model._logits_loss(x, None)[0].argmax(-1)
+        prev = None
+        for r in sums:
+            x, states, _, _ = model._jacobi(idx, r['k'], 0, None, m)
+            err = (states - exact_states).double().norm(dim=-1)
+            ok = err <= rtol * exact_states.double().norm(dim=-1)  # (B, T); a zero state must match exactly
+            prefix = ok.long().cumprod(1).sum(1)  # leading exact positions per row
+            r['state_exact'] += ok.sum().item()
+            r['pred_exact'] += (model._logits_loss(x, None)[0].argmax(-1) == exact_pred).sum().item()
+            r['prefix'] += prefix.sum().item()
+            r['prefix_min'] = min(r['prefix_min'], prefix.min().item())
+            if prev is not None:
+                r['max_change'] = max(r['max_change'], (states - prev).abs().max().item())
+            prev = states
+    for r in sums:
+        r['state_exact'], r['pred_exact'], r['prefix'] = r['state_exact'] / (n * T), r['pred_exact'] / (n * T), r['prefix'] / n
+    sums[0]['max_change'] = None  # no iteration before the first
+    return sums
+
+
+def plot_jacobi_profile(profiles, path, T):
+    """profiles: {label: jacobi_profile rows} -> the exact prefix against k, one line per model,
+    with the worst case (k positions for jacobi_init='plain') drawn in."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    K = max(len(rows) for rows in profiles.values())
+    axes[0].plot(range(1, K + 1), [min(k, T) for k in range(1, K + 1)], 'k--', lw=1, label='k positions (worst case)')
+    for label, rows in profiles.items():
+        ks = [r['k'] for r in rows]
+        axes[0].plot(ks, [r['prefix'] for r in rows], marker='.', label=label)
+        axes[1].plot(ks, [r['state_exact'] for r in rows], marker='.', label=label)
+    axes[0].set_ylabel('exact prefix (mean over rows)')
+    axes[1].set_ylabel('fraction of positions with the exact state')
+    for ax in axes:
+        ax.set_xlabel('Jacobi iterations D')
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)

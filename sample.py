@@ -51,7 +51,7 @@ import torch
 
 from checkpoint import CheckpointError, from_pretrained, load_checkpoint
 from configurator import autocast, compile_errors, configure, fail
-from dataset import check_hub, data_fingerprint, get_tokenizer, load_answers, load_meta, load_split
+from dataset import check_hub, data_fingerprint, get_tokenizer, load_answers, load_meta, load_rec_mask, load_split
 from diagnostics import plot_trace, task_accuracy, trace_values
 from model import GPT, GPTConfig
 from sft import extract_answer
@@ -86,6 +86,11 @@ trace_row = 0
 show_split = ''          # task data: show this split's row show_row (with its stored labels) instead of the --start input
 show_row = 0
 compile = False          # torch.compile the decode step and the exact prefill's span step (compiled once, then fast)
+prefill_tol = -1.0       # >= 0: prefill='jacobi' iterates until no state moves by more than this (at most T iterations)
+jacobi_profile = ''      # e.g. profile.png: how fast Jacobi reaches the exact states on a task split (also .json)
+profile_split = 'test'   # the profile's rows: the first profile_rows of this split
+profile_rows = 64
+profile_with = ''        # more profiles to draw in the same picture: their .json files, comma-separated
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
 
@@ -290,6 +295,42 @@ def print_trace(cols):
         print('\t'.join(fmt(cols[k][t]) for k in keys))
 
 
+def run_profile(model, data_dir, meta, path, label):
+    """--jacobi_profile: the table, FILE.json and FILE.png (with the --profile_with profiles drawn in)."""
+    import json
+    from diagnostics import jacobi_profile, plot_jacobi_profile
+    if model.config.recurrence == 'none':
+        fail("no Jacobi profile: this model has no recurrence (recurrence='none')")
+    if meta['format'] != 'examples':
+        fail(f"jacobi_profile needs a task dataset (examples format); {meta['name']} is a token corpus")
+    X, _ = load_split(data_dir, profile_split, meta)
+    M = load_rec_mask(data_dir, profile_split, meta)
+    rows = jacobi_profile(model, X[:profile_rows], None if M is None else M[:profile_rows])
+    T = X.shape[1]
+    print(f"{label}: Jacobi D = 1..{T} on {min(profile_rows, len(X))} rows of {profile_split} ({T} tokens), "
+          f"against the exact recurrence (state exact: relative error <= 1e-3)")
+    print(f"{'D':>4} {'state exact':>12} {'pred exact':>11} {'exact prefix':>13} {'min prefix':>11} {'max change':>11}")
+    for r in rows:
+        mc = '-' if r['max_change'] is None else f"{r['max_change']:.2e}"
+        print(f"{r['k']:4d} {r['state_exact']:12.4f} {r['pred_exact']:11.4f} {r['prefix']:13.2f} {r['prefix_min']:11d} {mc:>11}")
+    json_path = os.path.splitext(path)[0] + '.json'
+    with open(json_path, 'w') as f:
+        json.dump({'label': label, 'split': profile_split, 'T': T, 'rows': rows}, f)
+    print(f"wrote {json_path}", file=sys.stderr)
+    profiles = {label: rows}
+    for other in [p for p in profile_with.split(',') if p]:
+        if not os.path.isfile(other):
+            fail(f"profile_with: no file {other}")
+        with open(other) as f:
+            o = json.load(f)
+        profiles[o['label']] = o['rows']
+    try:
+        plot_jacobi_profile(profiles, path, T)
+        print(f"wrote {path}", file=sys.stderr)
+    except ImportError:
+        print("matplotlib is not installed: no picture (pip install matplotlib)", file=sys.stderr)
+
+
 def run_trace(model, ids, labels, path, title):
     """--trace: one line and exit 2 on bad input; else the table, FILE.json and FILE.png."""
     import json
@@ -372,6 +413,9 @@ if __name__ == '__main__':
     print(f"model: {model.config.recurrence}, {model.config.n_layer} layers, d={model.config.n_embd}, "
           f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters; data: {meta['name']}", file=sys.stderr)
 
+    if jacobi_profile:
+        run_profile(model, data_dir, meta, jacobi_profile, f"{meta['name']}: {os.path.basename(os.path.normpath(out_dir))}")
+        sys.exit(0)
     if trace:
         if trace_split:
             ids, labels = split_row(data_dir, meta, trace_split, trace_row, 'trace')
@@ -417,6 +461,7 @@ if __name__ == '__main__':
     idx = torch.tensor([ids], dtype=torch.long, device=device)
     generator = torch.Generator(device=device).manual_seed(seed)
     kw = dict(temperature=temperature, top_k=top_k or None, prefill=prefill, prefill_iters=prefill_iters, generator=generator,
+              prefill_tol=prefill_tol if prefill_tol >= 0 else None,
               compile=compile)
     with ctx, compile_errors() if compile else nullcontext():
         if num_samples == 1 and stream:
