@@ -268,13 +268,14 @@ def reliance_table():
     """Exact vs zero-state loss, accuracy and EM on the test split at the training length, from
     the runs' checkpoints. -> (markdown table, {name: [per-seed dicts]})."""
     from checkpoint import CheckpointError, load_checkpoint
-    from dataset import load_meta, load_split
+    from dataset import load_meta, load_rec_mask, load_split
     from diagnostics import task_accuracy
     data_dir = os.path.join(data_root, dataset)
     meta = load_meta(data_dir)
     split = min((s for s in meta['splits'] if s.startswith('test')), key=lambda s: meta['splits'][s]['len'])
     X, Y = load_split(data_dir, split, meta)
-    X, Y = X[:1000], Y[:1000]
+    X, Y, M = X[:1000], Y[:1000], load_rec_mask(data_dir, split, meta)
+    M = None if M is None else M[:1000]
     runs = {}
     for name in names:
         for seed in seed_list:
@@ -287,7 +288,7 @@ def reliance_table():
             model.eval()
             row = {'seed': seed}
             for mode in ('exact', 'zero'):
-                r = task_accuracy(model, X, Y, mode=mode, batch_size=250)
+                r = task_accuracy(model, X, Y, M, mode=mode, batch_size=250)
                 row.update({f'loss_{mode}': r['loss'], f'acc_{mode}': r['acc'], f'em_{mode}': r['em']})
             print(f"{name} seed {seed}: {row}", flush=True)
             runs.setdefault(name, []).append(row)

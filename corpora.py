@@ -86,6 +86,7 @@ def write_token_bins(out_dir, streams, max_tokens, dtype):
     SHARD_TOKENS tokens, so a 10B-token corpus never sits in memory. A stream stops once the split it is
     filling holds max_tokens (0 = no cap; the last document is cut). -> {split: (tokens, bytes)}."""
     from tqdm import tqdm
+    tqdm.monitor_interval = 0  # no monitor thread: the tokenizer pool forks this process, and a fork must not copy a held lock
     files, count, nbytes, buf, nbuf = {}, {}, {}, {}, {}
 
     def flush(split):

@@ -309,18 +309,26 @@ def write_meta(out_dir, meta):
 def write_examples(out_dir, split, generate, n, dtype, seed):
     """Write one examples split, generated in chunks of rows so that huge splits never sit
     in memory. Each split has its own RNG stream (seed, crc32(split)): the contents of one
-    split do not depend on the sizes of the others. generate(rng, rows) -> (x, y) (rows, len)."""
+    split do not depend on the sizes of the others. generate(rng, rows) -> (x, y) (rows, len), or
+    (x, y, m) with m the recurrence mask (written to {split}_m.bin)."""
     if n < 1:
         raise DataError(f"split {split} needs at least 1 row, got n={n}")
     rng = np.random.default_rng([seed, zlib.crc32(split.encode())])
-    T = None
-    with AtomicFile(os.path.join(out_dir, f"{split}_x.bin")) as fx, \
-         AtomicFile(os.path.join(out_dir, f"{split}_y.bin")) as fy:
+    files, T = [], None
+    try:
         for start in range(0, n, 4096):
-            x, y = generate(rng, min(4096, n - start))
-            T = x.shape[1]
-            fx.write(np.ascontiguousarray(x, dtype=dtype).tobytes())
-            fy.write(np.ascontiguousarray(y, dtype=np.int32).tobytes())
+            arrays = generate(rng, min(4096, n - start))
+            if not files:
+                files = [AtomicFile(os.path.join(out_dir, f"{split}_{s}.bin")) for s in 'xym'[:len(arrays)]]
+            T = arrays[0].shape[1]
+            for f, a, dt in zip(files, arrays, (dtype, np.int32, np.uint8)):
+                f.f.write(np.ascontiguousarray(a, dtype=dt).tobytes())
+        for f in files:
+            f.commit()
+    except BaseException:
+        for f in files:
+            f.abort()
+        raise
     return {'n': n, 'len': T}
 
 
@@ -339,11 +347,13 @@ def write_task(out_dir, cfg, name, itos, make_gen, sizes, **extra):
     The size is checked against the free disk first (one line if it cannot fit), and a run
     that fails or is interrupted (Ctrl-C, SIGTERM) removes what it wrote."""
     dtype = dtype_for(len(itos))
-    need = 0
-    for split, n, param in sizes:  # one row of each split tells its length
+    need, masked = 0, False
+    for split, n, param in sizes:  # one row of each split tells its length (and whether it has a mask)
         if n < 1:
             raise DataError(f"split {split} needs at least 1 row, got n={n}")
-        need += n * make_gen(param)(np.random.default_rng(0), 1)[0].shape[1] * (np.dtype(dtype).itemsize + 4)
+        row = make_gen(param)(np.random.default_rng(0), 1)
+        masked = len(row) == 3
+        need += n * row[0].shape[1] * (np.dtype(dtype).itemsize + 4 + masked)
     os.makedirs(out_dir, exist_ok=True)
     import shutil
     free = shutil.disk_usage(out_dir).free
@@ -352,13 +362,14 @@ def write_task(out_dir, cfg, name, itos, make_gen, sizes, **extra):
                         f"use fewer rows (--n_train=...) or shorter rows")
     begin_dataset(out_dir)
     splits = {}
-    written = [os.path.join(out_dir, f"{split}_{xy}.bin") for split, _, _ in sizes for xy in 'xy']
+    written = [os.path.join(out_dir, f"{split}_{xy}.bin") for split, _, _ in sizes for xy in 'xym']
     try:
         for split, n, param in sizes:
             splits[split] = write_examples(out_dir, split, make_gen(param), n, dtype, cfg['seed'])
             splits[split]['param'] = param
         write_meta(out_dir, dict(name=name, format='examples', vocab_size=len(itos), dtype=dtype, tokenizer='task',
-                                 itos=itos, reset_token=None, splits=splits, args=cfg, **extra))
+                                 itos=itos, reset_token=None, splits=splits, args=cfg, **extra,
+                                 **(dict(rec_mask=True) if masked else {})))
     except BaseException:
         for path in written:  # this run's splits, and an older run's: nothing half-made stays
             if os.path.exists(path):

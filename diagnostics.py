@@ -106,15 +106,15 @@ def gate_stats(model, x, m=None, ctx=nullcontext()):
 # trace: the recurrence at work on one input (sample.py --trace)
 
 @torch.no_grad()
-def trace_values(model, idx, labels=None):
+def trace_values(model, idx, labels=None, rec_mask=None):
     """idx: (1, T). Runs the exact recurrence once under watch() and the zero-state forward once.
     Returns {column: list over positions}: the state read (norm, first principal component),
     the gates (T2MLR: mean and spread over channels of tanh(g) sigmoid(f); LRT: g_loc and g_fb
     per reading layer, |gamma m| and |alpha x|), the exact and the zero-state prediction."""
     T = idx.size(1)
     with watch(model) as rec:
-        logits, _ = model(idx, mode='exact')
-    zero_logits, _ = model(idx, mode='zero')
+        logits, _ = model(idx, mode='exact', rec_mask=rec_mask)
+    zero_logits, _ = model(idx, mode='zero', rec_mask=rec_mask)
     prob = torch.softmax(logits[0].double(), -1)
     state = values(rec, 'state')[0]  # (T, d) the state each position read
     cols = {'pos': list(range(T)), 'token': idx[0].tolist(), 'state_norm': state.double().norm(dim=-1).tolist(),
@@ -203,18 +203,19 @@ def plot_trace(cols, path, title):
 # teacher-forced accuracy on labelled task rows (train.py's evaluation, sample.py --eval_split)
 
 @torch.no_grad()
-def task_accuracy(model, X, Y, M=None, mode='exact', batch_size=256, ctx=nullcontext(), **scheme):
+def task_accuracy(model, X, Y, M=None, mode='exact', batch_size=256, ctx=nullcontext(), kinds=None, **scheme):
     """X, Y: (n, T) arrays of inputs and aligned labels (-1 = none); M: optional (n, T) recurrence
     mask (prompt/response data: the labelled positions are the response). One forward per batch
     in `mode` (scheme: its n_iter, ...). -> dict: loss (mean cross-entropy over labelled
     positions), acc (token accuracy over labelled positions),
     em (rows with every labelled position right), pos_acc (T,) accuracy by position, step_acc
     (right at t given right at t-1, over labelled pairs: a tracker that learned the step with
-    accuracy p decays like p^t)."""
+    accuracy p decays like p^t). kinds: {name: (T,) bool} -> also acc_<name>, the accuracy at
+    those positions (s5_retrieval: the states and the values, tasks.position_kinds)."""
     device = model.lm_head.weight.device
     n, T = X.shape
     right_n = labelled_n = em = kept = prev = 0
-    loss_sum = 0.0
+    loss_sum, kind_right = 0.0, {name: 0 for name in kinds or {}}
     pos_right, pos_n = torch.zeros(T, dtype=torch.float64), torch.zeros(T, dtype=torch.float64)
     for i in range(0, n, batch_size):
         x = torch.from_numpy(np.asarray(X[i:i + batch_size], dtype=np.int64)).to(device)
@@ -229,11 +230,15 @@ def task_accuracy(model, X, Y, M=None, mode='exact', batch_size=256, ctx=nullcon
         labelled_n += mask.sum().item()
         em += (right.sum(1) == mask.sum(1)).sum().item()
         pos_right += right.sum(0).cpu().double()
+        for name, where in (kinds or {}).items():
+            kind_right[name] += right[:, torch.from_numpy(np.asarray(where)).to(device)].sum().item()
         pos_n += mask.sum(0).cpu().double()
         both = mask[:, 1:] & mask[:, :-1]
         prev += (right[:, :-1] & both).sum().item()
         kept += (right[:, 1:] & right[:, :-1] & both).sum().item()
-    return dict(loss=loss_sum / max(labelled_n, 1), acc=right_n / max(labelled_n, 1), em=em / max(n, 1), right=right_n, labelled=labelled_n,
+    kind_n = {name: pos_n[torch.from_numpy(np.asarray(where))].sum().item() for name, where in (kinds or {}).items()}
+    return dict(**{f'acc_{name}': kind_right[name] / max(kind_n[name], 1) for name in kind_right},
+                loss=loss_sum / max(labelled_n, 1), acc=right_n / max(labelled_n, 1), em=em / max(n, 1), right=right_n, labelled=labelled_n,
                 pos_acc=(pos_right / pos_n.clamp(min=1)).tolist(), pos_n=pos_n.tolist(),
                 step_acc=kept / prev if prev else None)
 

@@ -55,7 +55,7 @@ from dataset import check_hub, data_fingerprint, get_tokenizer, load_answers, lo
 from diagnostics import plot_trace, task_accuracy, trace_values
 from model import GPT, GPTConfig
 from sft import extract_answer
-from tasks import task_labels
+from tasks import position_kinds, task_labels, task_rec_mask
 
 # -----------------------------------------------------------------------------
 out_dir = 'out'
@@ -177,9 +177,11 @@ def evaluate(model, data_dir, meta, split, batch_size, ctx):
     if T > model.config.block_size:
         fail(f"split {split} has rows of length {T}, more than the model's block_size {model.config.block_size}")
     t0 = time.time()
-    r = task_accuracy(model, X, Y, mode='exact', batch_size=batch_size, ctx=ctx)
+    r = task_accuracy(model, X, Y, load_rec_mask(data_dir, split, meta), mode='exact', batch_size=batch_size, ctx=ctx,
+                      kinds=position_kinds(meta, split))
+    kinds = ''.join(f", at the {k[4:]}s {v:.4f}" for k, v in r.items() if k.startswith('acc_'))  # s5_retrieval
     print(f"{meta['name']} {split}: {n} rows x {T} tokens, exact recurrence: "
-          f"token accuracy {r['acc']:.4f} ({r['right']}/{r['labelled']}), "
+          f"token accuracy {r['acc']:.4f} ({r['right']}/{r['labelled']}){kinds}, "
           f"exact match {r['em']:.4f} ({round(r['em'] * n)}/{n})  [{time.time() - t0:.1f}s]")
     # where the errors are: accuracy by position, and how often a right label is followed by a
     # right one. A state tracker that learned the step with accuracy p decays like p^t; p = 1
@@ -242,6 +244,13 @@ def split_row(data_dir, meta, split, row, what):
     return X[row].astype(np.int64).tolist(), Y[row].astype(np.int64).tolist()
 
 
+def rec_mask(ids):
+    """(1, T) bool: where the recurrence is on for this input, for task data that carries a mask
+    (s5_retrieval's official layout: off on the dictionary and '|'); None: on everywhere."""
+    m = task_rec_mask(meta, ids)
+    return None if m is None else torch.tensor([m], device=device)
+
+
 @torch.no_grad()
 def show_labels(model, ids, labels, name, title, ctx):
     """One teacher-forced forward over ids (exact recurrence, or the plain forward of a model
@@ -253,7 +262,7 @@ def show_labels(model, ids, labels, name, title, ctx):
     rec = model.config.recurrence != 'none'
     idx = torch.tensor([ids], dtype=torch.long, device=model.lm_head.weight.device)
     with ctx:
-        logits, _ = model(idx, mode='exact')  # 'exact' is the plain forward for a model without recurrence
+        logits, _ = model(idx, mode='exact', rec_mask=rec_mask(ids))  # the plain forward for a model without recurrence
     pred = logits[0].argmax(-1).tolist()
     how = f"exact recurrence ({model.config.recurrence}, mode='exact')" if rec else "plain forward (no recurrence)"
     print(f"{title}: {len(ids)} tokens, teacher-forced, one forward, {how}")
@@ -338,7 +347,7 @@ def run_trace(model, ids, labels, path, title):
         fail("nothing to trace: this model has no recurrence (recurrence='none')")
     if len(ids) > model.config.block_size:
         fail(f"the trace input has {len(ids)} tokens, more than the model's block_size {model.config.block_size}")
-    cols = trace_values(model, torch.tensor([ids], dtype=torch.long, device=model.lm_head.weight.device), labels)
+    cols = trace_values(model, torch.tensor([ids], dtype=torch.long, device=model.lm_head.weight.device), labels, rec_mask(ids))
     print_trace(cols)
     json_path = os.path.splitext(path)[0] + '.json'
     with open(json_path, 'w') as f:

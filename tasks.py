@@ -8,6 +8,7 @@ assignment chains). task_labels recomputes the labels of an input (sample.py sho
 import itertools
 import os
 import re
+import string
 
 import numpy as np
 
@@ -88,49 +89,73 @@ def prepare_s5(cfg):
 # -----------------------------------------------------------------------------
 # task 2: s5_retrieval (T2MLR's S5-Retrieval): state tracking + in-context lookup
 
-RETRIEVAL_DEFAULTS = dict(group='S5', k=4, n_actions=32, test_actions='48,64', n_train=20000, n_val=500, n_test=1000,
-                          seed=1337, out_dir='')
-VALUE_CHARS = 'abcdefghijklmnopqrstuvwxyz0123456789'
+RETRIEVAL_DEFAULTS = dict(group='S5', k=4, n_actions=32, test_actions='48,64', layout='official', n_train=20000,
+                          n_val=500, n_test=1000, seed=1337, out_dir='')
+VALUE_CHARS = string.ascii_letters + string.digits  # the official value alphabet
 
 
 def prepare_s5_retrieval(cfg):
-    """A row is
-        dictionary   g v1..vk  (for every group element g, in a random order; v = k random chars)
+    """T2MLR's S5-Retrieval. layout='official' follows the official generator (princeton-pli/T2MLR,
+    scripts/s5_retrieval/data_generation/make_s5_retrieval_dataset.py; DESIGN.md 11):
+        dictionary   key v_1..v_k   for min(n_actions, G) distinct keys: every action the row uses,
+                                    then unused elements, in a random order; v = k random characters
         '|'
-        actions      a_1 _ .. _   a_2 _ .. _   ...   (n_actions moves, each followed by k blanks '_')
-    Targets: -1 on the dictionary and '|'; at a move, the state s = a_1.a_2...a_i (the running
-    product from the identity); at its k blanks, the k characters the dictionary gives for s.
+        moves        a_1 _ .. _  a_2 _ .. _  ...   (n_actions moves, each followed by k blanks '_')
+    Targets, at every position: a copy of the input on the dictionary and '|'; at a move, the
+    state s_i = a_1.a_2...a_i (running product from the identity); at its k blanks, the value the
+    dictionary holds for the ACTION a_i. The dictionary and '|' run without the recurrence (the
+    official control flow 1): the meta has rec_mask, and {split}_m.bin marks the moves and blanks.
+    layout='state' is a harder variant: a dictionary of every group element, the value looked
+    up for the STATE s_i, the dictionary and '|' unlabelled, the recurrence on everywhere.
     Vocabulary: group elements (ids 0..G-1), then VALUE_CHARS, then '|', then '_'.
-    Split test_<N> holds rows with N moves (length G*(k+1) + 1 + N*(k+1))."""
+    Split test_<N> holds rows with N moves."""
     names, mul = make_group(cfg['group'])
     if not cfg['group'].startswith(('S', 'A')):
         raise DataError(f"s5_retrieval needs a permutation group (S<n> or A<n>), got {cfg['group']}: the names of Z<n> elements clash with the value characters")
-    G, k = len(names), cfg['k']
+    G, k, layout = len(names), cfg['k'], cfg['layout']
     if k < 1:
         raise DataError(f"--k={k}: need k >= 1")
-    C0 = G                       # id of the first value character
-    SEP, BLANK = G + len(VALUE_CHARS), G + len(VALUE_CHARS) + 1
+    if layout not in ('official', 'state'):
+        raise DataError(f"--layout={layout}: expected official (the official generator's rows) or state")
+    moves_per_split = [cfg['n_actions']] + parse_lens(cfg['test_actions'], 'test_actions')
+    if min(moves_per_split) < 1:
+        raise DataError(f"s5_retrieval needs at least 1 move: --n_actions={cfg['n_actions']} --test_actions={cfg['test_actions']}")
+    C0, SEP, BLANK = G, G + len(VALUE_CHARS), G + len(VALUE_CHARS) + 1  # ids of the first value character, '|', '_'
     itos = names + list(VALUE_CHARS) + ['|', '_']
 
     def make_gen(A):
+        D = G if layout == 'state' else min(A, G)  # dictionary entries
+
         def generate(rng, rows):
-            order = rng.permuted(np.tile(np.arange(G), (rows, 1)), axis=1)      # (rows, G) dictionary order
-            values = rng.integers(0, len(VALUE_CHARS), size=(rows, G, k))       # values[r, g] = value of element g
             moves = rng.integers(0, G, size=(rows, A))
             state = running_product(mul, moves)                                 # (rows, A)
+            values = rng.integers(0, len(VALUE_CHARS), size=(rows, G, k))       # values[r, g]: g's value
             r = np.arange(rows)[:, None]
-            dict_x = np.concatenate([order[:, :, None], C0 + values[r, order]], axis=2).reshape(rows, -1)
+            if layout == 'state':
+                keys = rng.permuted(np.tile(np.arange(G), (rows, 1)), axis=1)
+            else:  # the actions used, then unused elements, D in all, shuffled
+                keys = np.empty((rows, D), dtype=np.int64)
+                for i in range(rows):
+                    used = np.unique(moves[i])
+                    rest = rng.permutation(np.setdiff1d(np.arange(G), used))[:D - len(used)]
+                    keys[i] = rng.permutation(np.concatenate([used, rest]))
+            looked_up = state if layout == 'state' else moves
+            dict_x = np.concatenate([keys[:, :, None], C0 + values[r, keys]], axis=2).reshape(rows, -1)
             act_x = np.concatenate([moves[:, :, None], np.full((rows, A, k), BLANK)], axis=2).reshape(rows, -1)
-            act_y = np.concatenate([state[:, :, None], C0 + values[r, state]], axis=2).reshape(rows, -1)
-            x = np.concatenate([dict_x, np.full((rows, 1), SEP), act_x], axis=1)
-            y = np.concatenate([np.full((rows, dict_x.shape[1] + 1), -1), act_y], axis=1)
-            return x, y
+            act_y = np.concatenate([state[:, :, None], C0 + values[r, looked_up]], axis=2).reshape(rows, -1)
+            prompt = np.concatenate([dict_x, np.full((rows, 1), SEP)], axis=1)
+            x = np.concatenate([prompt, act_x], axis=1)
+            if layout == 'state':
+                return x, np.concatenate([np.full(prompt.shape, -1), act_y], axis=1)
+            m = np.concatenate([np.zeros(prompt.shape), np.ones(act_x.shape)], axis=1)
+            return x, np.concatenate([prompt, act_y], axis=1), m
         return generate
 
-    name = f"s5_retrieval_{cfg['group']}"
+    name = f"s5_retrieval_{cfg['group']}" + ('_state' if layout == 'state' else '')
     out_dir = cfg['out_dir'] or os.path.join(DATA_DIR, name)
-    sizes = task_sizes(cfg, cfg['n_actions'], parse_lens(cfg['test_actions'], 'test_actions'))
-    write_task(out_dir, cfg, name, itos, make_gen, sizes, task=dict(name='s5_retrieval', group=cfg['group'], k=k))
+    sizes = task_sizes(cfg, moves_per_split[0], moves_per_split[1:])
+    write_task(out_dir, cfg, name, itos, make_gen, sizes,
+               task=dict(name='s5_retrieval', group=cfg['group'], k=k, layout=layout))
     return out_dir
 
 
@@ -148,37 +173,61 @@ def task_labels(meta, ids):
     if task['name'] == 's5':
         x = np.asarray(ids, dtype=np.int64)
         return running_product(mul, x[None])[0].tolist() if x.max() < G else None
-    return retrieval_labels([int(t) for t in ids], G, task['k'], mul)
+    return retrieval_labels([int(t) for t in ids], G, task['k'], mul, task.get('layout', 'state'))
 
 
-def retrieval_labels(x, G, k, mul):
+def retrieval_labels(x, G, k, mul, layout='official'):
     """s5_retrieval's labels for a prefix x of a row (layout in prepare_s5_retrieval), read
     position by position (the generator builds whole rows at once: the tests compare the two).
     None where x breaks the layout (dictionary entries, separator, move/blank pattern)."""
-    SEP, BLANK, D = G + len(VALUE_CHARS), G + len(VALUE_CHARS) + 1, G * (k + 1)
-    value, y, state = {}, [], None
+    SEP, BLANK = G + len(VALUE_CHARS), G + len(VALUE_CHARS) + 1
+    value, y, state, action, sep = {}, [], None, None, None
     for p, tok in enumerate(x):
-        if p < D:  # the dictionary: element, then its k value characters
+        if sep is None:  # the dictionary: key, then its k value characters; then '|'
             j, e = p % (k + 1), p - p % (k + 1)
-            if j == 0 and (tok >= G or tok in value) or j > 0 and not G <= tok < SEP:
+            if tok == SEP and j == 0 and value:
+                sep = p
+            elif j == 0 and (tok >= G or tok in value) or j > 0 and not G <= tok < SEP:
                 return None
             if j == k:
                 value[x[e]] = x[e + 1:p + 1]
-            y.append(-1)
-        elif p == D:
-            if tok != SEP:
+            y.append(tok if layout == 'official' else -1)
+        elif (p - sep - 1) % (k + 1) == 0:  # a move: the label is the state after it
+            if tok >= G or (layout == 'state' and len(value) != G) or (layout == 'official' and tok not in value):
                 return None
-            y.append(-1)
-        elif (p - D - 1) % (k + 1) == 0:  # a move: the label is the state after it
-            if tok >= G:
-                return None
-            state = tok if state is None else int(mul[state, tok])
+            state, action = tok if state is None else int(mul[state, tok]), tok
             y.append(state)
-        else:  # a blank: the next value character of the current state
+        else:  # a blank: the next value character of the action's (official) or the state's entry
             if tok != BLANK:
                 return None
-            y.append(value[state][(p - D - 1) % (k + 1) - 1])
+            y.append(value[action if layout == 'official' else state][(p - sep - 1) % (k + 1) - 1])
     return y
+
+
+def position_kinds(meta, split):
+    """The positions of s5_retrieval rows by what their label is: {'state': (T,) bool, 'value':
+    (T,) bool} for split; None for other data. The three figures the official code reports
+    come from these: accuracy at the states, at the values, and whole-row exact match."""
+    task = meta.get('task') or {}
+    if task.get('name') != 's5_retrieval':
+        return None
+    T, k = meta['splits'][split]['len'], task['k']
+    A = meta['splits'][split]['param']
+    prompt = T - A * (k + 1)  # dictionary and '|'
+    p = np.arange(T)
+    state = (p >= prompt) & ((p - prompt) % (k + 1) == 0)
+    return {'state': state, 'value': (p >= prompt) & ~state}
+
+
+def task_rec_mask(meta, ids):
+    """The recurrence mask of an input of a task whose data carries one (s5_retrieval, official
+    layout): off up to and including the first '|', on after it. None for other data."""
+    task = meta.get('task') or {}
+    if task.get('name') != 's5_retrieval' or task.get('layout', 'state') != 'official':
+        return None
+    sep = len(make_group(task['group'])[0]) + len(VALUE_CHARS)
+    cut = ids.index(sep) + 1 if sep in ids else len(ids)
+    return [False] * cut + [True] * (len(ids) - cut)
 
 
 # -----------------------------------------------------------------------------

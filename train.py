@@ -53,6 +53,7 @@ from dataset import check_hub, data_fingerprint, load_meta, load_rec_mask, load_
 from diagnostics import gate_stats, task_accuracy
 from flops import flops_per_token
 from model import GPT, GPTConfig, check_scheme
+from tasks import position_kinds
 
 # -----------------------------------------------------------------------------
 # default config values; override with a config file and/or --key=value
@@ -472,11 +473,12 @@ def evaluate(final=True):
             n = min(len(X), eval_examples if final or eval_examples_mid < 1 else eval_examples_mid)
             for tag, mode in modes:
                 r = task_accuracy(raw_model, X[:n], Y[:n], None if M is None else M[:n], batch_size=eval_batch_size,
-                                  ctx=autocast, **kw(mode))
+                                  ctx=autocast, kinds=position_kinds(meta, split), **kw(mode))
                 out[f'{split}/acc_{tag}'], out[f'{split}/em_{tag}'] = r['acc'], r['em']
+                out.update({f'{split}/{k}_{tag}': v for k, v in r.items() if k.startswith('acc_')})  # s5_retrieval
             if not recurrent:
-                for tag in ('exact', 'zero'):
-                    out[f'{split}/acc_{tag}'], out[f'{split}/em_{tag}'] = out[f'{split}/acc_approx'], out[f'{split}/em_approx']
+                for key in [k for k in out if k.startswith(f'{split}/') and k.endswith('_approx')]:
+                    out[key.replace('_approx', '_exact')] = out[key.replace('_approx', '_zero')] = out[key]
     if recurrent:  # the gates on the first val batch, run exactly
         x, _, m = draw_batch(torch.Generator().manual_seed(1234), 'val', batch_size)
         out.update(gate_stats(raw_model, x, m, autocast))
@@ -512,7 +514,9 @@ def print_eval(m):
     print(f"eval step {iter_num}: " + ", ".join(parts))
     if is_task:
         for split in task_splits:
-            print(f"  {split}: acc {m[f'{split}/acc_exact']:.4f} em {m[f'{split}/em_exact']:.4f} (exact)"
+            kinds = ''.join(f", {k[len(split) + 5:-6]} {m[k]:.4f}" for k in m if k.startswith(f'{split}/acc_') and
+                            k.endswith('_exact') and k != f'{split}/acc_exact')  # s5_retrieval: at states, values
+            print(f"  {split}: acc {m[f'{split}/acc_exact']:.4f}{kinds} em {m[f'{split}/em_exact']:.4f} (exact)"
                   f" | acc {m[f'{split}/acc_approx']:.4f} em {m[f'{split}/em_approx']:.4f} ({train_mode})"
                   + (f" | acc {m[f'{split}/acc_zero']:.4f} em {m[f'{split}/em_zero']:.4f} (zero state)" if recurrent else ""))
     if 'gates/cur' in m:

@@ -1,37 +1,39 @@
-# T2MLR on S5-Retrieval (the paper's synthetic benchmark, DESIGN.md 10): track a running
-# permutation of 5 elements AND retrieve a 4-character value for the current state from a
-# dictionary in context. Trained on 1..32 moves, tested at 48 and 64.
-# Paper: near-perfect in distribution, ~0.86 token accuracy at 48 moves; plain
-# Transformers and LSTMs fail. The hyperparameters below are ours (a GPU run, never run:
-# no GPU was lent to us), not the paper's; NoPE and the residual detach are the official
-# recipe's. On S3 at CPU scale (README, "Non-abelian groups") the model learned only once
-# every training position read its exact state (D >= the row length); the official recipe
-# trains with D=16 on 761-token rows, so if this run stalls, raise n_iter first.
-# Data: python prepare.py s5_retrieval --group=S5   (rows of 761 tokens; 921 at 64 moves)
+# T2MLR on S5-Retrieval (the paper's synthetic benchmark, DESIGN.md 10) with the official recipe's
+# settings (princeton-pli/T2MLR scripts/s5_retrieval/train_s5_retrieval.sh; DESIGN.md 11): track a
+# running permutation of 5 elements AND copy the 4-character value the in-context dictionary holds
+# for each move. Trained on rows of 32 moves (every prefix is labelled), tested at 48 and 64.
+# Paper: near-perfect in distribution, ~0.86 token accuracy at 48 moves; plain Transformers fail.
+# A GPU run, never run here (no GPU was lent to us).
+# Data: python prepare.py s5_retrieval --group=S5 --k=4    (official layout; rows of 289 tokens)
 # Baseline: add --recurrence=none --train_mode=plain --out_dir=out/s5_retrieval_plain
 out_dir = 'out/s5_retrieval_t2mlr'
 dataset = 's5_retrieval_S5'
-n_layer = 8
-n_embd = 256
-n_head = 8
-n_kv_head = 8
+n_layer = 6              # the recipe's tinyllama: 6 layers, d=384, 6 heads, MLP 1536 (~10M parameters)
+n_embd = 384
+n_head = 6
+n_kv_head = 6
+mlp_hidden = 1536
 block_size = 1024
-rope = False             # NoPE, as the official recipe: the test rows (48, 64 moves) put the dictionary at
-                         # distances never seen in training, where RoPE attention broke on parity (README)
+rope = False             # NoPE (disable_positional_encoding True)
 recurrence = 't2mlr'
-rec_start = 2
-rec_end = 5
+rec_start = 1            # l_start=1, l_end=-2: from the output of layer 4 into the input of layer 1
+rec_end = 4
+rec_gate_gain = 1.0      # gate_weight_init_std 1.0 (a xavier gain), gate bias 0 (sigmoid = 0.5)
+rec_residual_detach = True   # residual to the cache on, detached, RMS post-norm
 train_mode = 'jacobi'
-n_iter = 16
-n_grad = 4
-rec_residual_detach = True   # as the official S5-Retrieval recipe (no gradient through R_{t-1} in m_t)
-batch_size = 32
-max_iters = 20000
-learning_rate = 1e-3
-min_lr = 1e-4
-warmup_iters = 1000
-eval_interval = 1000
+n_iter = 16              # batch_forward_approximate_depth
+n_grad = 4               # batch_backward_approximate_depth
+batch_size = 16
+max_iters = 400000
+learning_rate = 5e-4
+min_lr = 5e-6            # cosine to min_lr_rate 0.01
+warmup_iters = 20000     # warmup_ratio 0.05
+weight_decay = 0.01
+beta2 = 0.95
+dtype = 'bfloat16'
+eval_interval = 10000
 eval_iters = 10
 eval_exact_iters = 2
-eval_examples = 500
-log_interval = 50
+eval_examples = 1000
+eval_examples_mid = 200
+log_interval = 100

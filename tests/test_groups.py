@@ -124,20 +124,24 @@ def test_task_labels_s5(tmp_path):
     assert task_labels(meta, []) is None
 
 
-def test_task_labels_s5_retrieval(tmp_path):
-    d, meta = small(tmp_path, 's5_retrieval', group='S3', k=2, n_actions=5, test_actions='7')
-    assert meta['task'] == {'name': 's5_retrieval', 'group': 'S3', 'k': 2}
+@pytest.mark.parametrize('layout', ['official', 'state'])
+def test_task_labels_s5_retrieval(tmp_path, layout):
+    d, meta = small(tmp_path, 's5_retrieval', group='S3', k=2, n_actions=5, test_actions='7', layout=layout)
+    assert meta['task'] == {'name': 's5_retrieval', 'group': 'S3', 'k': 2, 'layout': layout}
     for split in meta['splits']:  # the position-by-position reading agrees with the generator, prefixes too
         x, y = dataset.load_split(d, split, meta)
         for r, l in zip(x, y):
             assert task_labels(meta, r.tolist()) == l.tolist()
             assert task_labels(meta, r[:23].tolist()) == l[:23].tolist()
-    # by hand: dictionary 012:ab 021:cd 102:ef 120:gh 201:ij 210:kl, then moves 102, 021
+    # by hand: dictionary 012:ab 021:cd 102:ef 120:gh 201:ij 210:kl, then moves 102, 021: states
+    # 102 and 102.021 = 201; the values of the actions (official: ef, cd) or of the states (ef, ij)
     itos = meta['itos']
     index = {n: i for i, n in enumerate(itos)}
     words = '012 a b 021 c d 102 e f 120 g h 201 i j 210 k l | 102 _ _ 021 _ _'.split()
     got = task_labels(meta, [index[w] for w in words])
-    assert [itos[i] if i >= 0 else '-' for i in got] == ['-'] * 19 + '102 e f 201 i j'.split()
+    prompt = words[:19] if layout == 'official' else ['-'] * 19
+    want = prompt + ('102 e f 201 c d' if layout == 'official' else '102 e f 201 i j').split()
+    assert [itos[i] if i >= 0 else '-' for i in got] == want
     # inputs that break the layout: no labels rather than wrong ones
     for bad in (words[:18] + ['102'] + words[19:],   # no separator
                 words[:3] + ['012'] + words[4:],      # an element twice in the dictionary

@@ -79,35 +79,47 @@ def compose(a, b):
 
 
 @pytest.mark.parametrize('group', ['S3', 'A4'])
-def test_retrieval_labels(tmp_path, group):
+@pytest.mark.parametrize('layout', ['official', 'state'])
+def test_retrieval_labels(tmp_path, group, layout):
+    # official (princeton-pli/T2MLR's generator): a dictionary of min(moves, G) distinct keys that
+    # holds every action used; every position labelled (copies on the dictionary and '|'); the
+    # value of the ACTION; the recurrence off on the dictionary and '|'. state: every element in
+    # the dictionary, the value of the STATE, the dictionary unlabelled, no mask
     k = 3
-    d = make(tmp_path, 's5_retrieval', f'--group={group}', f'--k={k}', '--n_actions=5', '--test_actions=9', *SMALL)
+    d = make(tmp_path, 's5_retrieval', f'--group={group}', f'--k={k}', f'--layout={layout}', '--n_actions=5',
+             '--test_actions=9', *SMALL)
     meta = load_meta(d)
     itos = meta['itos']
     G = {'S3': 6, 'A4': 12}[group]
     elements = itos[:G]
+    assert bool(meta.get('rec_mask')) == (layout == 'official')
     for split, A in (('train', 5), ('test', 5), ('test_9', 9)):
         x, y = load_split(d, split, meta)
-        assert x.shape[1] == G * (k + 1) + 1 + A * (k + 1)
-        for row_x, row_y in zip(x, y):
+        D = G if layout == 'state' else min(A, G)
+        assert x.shape[1] == D * (k + 1) + 1 + A * (k + 1)
+        masks = dataset.load_rec_mask(d, split, meta)
+        for i, (row_x, row_y) in enumerate(zip(x, y)):
             words, labels = [itos[t] for t in row_x], row_y.tolist()
-            # the dictionary: every element once, each followed by k value characters
             table = {}
-            for j in range(G):
+            for j in range(D):  # the dictionary: distinct keys, each followed by k value characters
                 key, *val = words[j * (k + 1):(j + 1) * (k + 1)]
                 assert key in elements and key not in table and all(len(c) == 1 and c.isalnum() for c in val)
                 table[key] = val
-            assert len(table) == G and words[G * (k + 1)] == '|'
-            assert labels[:G * (k + 1) + 1] == [-1] * (G * (k + 1) + 1)
-            # the moves, the running state, and its value on the blanks
-            state = ''.join(map(str, range(len(elements[0]))))
-            pos = G * (k + 1) + 1
-            for a in range(A):
+            prompt = D * (k + 1) + 1
+            assert words[prompt - 1] == '|'
+            moves = words[prompt::k + 1]
+            if layout == 'official':
+                assert set(moves) <= set(table) and labels[:prompt] == row_x[:prompt].tolist()
+                assert masks[i].tolist() == [0] * prompt + [1] * (A * (k + 1))
+            else:
+                assert labels[:prompt] == [-1] * prompt
+            state = ''.join(map(str, range(len(elements[0]))))  # the moves, the running state, the value
+            for a, pos in enumerate(range(prompt, len(words), k + 1)):
                 move, blanks = words[pos], words[pos + 1:pos + 1 + k]
                 assert move in elements and blanks == ['_'] * k
                 state = compose(state, move)
-                assert [itos[t] for t in labels[pos:pos + 1 + k]] == [state] + table[state]
-                pos += k + 1
+                want = table[move] if layout == 'official' else table[state]
+                assert [itos[t] for t in labels[pos:pos + 1 + k]] == [state] + want
 
 
 def test_retrieval_rejects_cyclic(tmp_path):
