@@ -6,6 +6,7 @@ parallel, appended shard by shard to {split}.bin.
 
 import itertools
 import os
+import sys
 
 import numpy as np
 
@@ -243,4 +244,64 @@ def prepare_hub(cfg, name):
                    (encoded_docs(iter_texts(val, what), spec, cfg['num_proc']), lambda i: 'val')]
     counts = write_token_bins(out_dir, streams, cfg['max_tokens'], dtype_for(GPT2_EOT + 1))
     write_token_meta(out_dir, name, counts, 'gpt2', GPT2_EOT + 1, None, cfg)
+    return out_dir
+
+# -----------------------------------------------------------------------------
+# stdlib_char: real text that every machine with Python has, offline
+
+STDLIB_DEFAULTS = dict(root='', hold_out_every=20, max_files=0, out_dir='')
+FILE_TOKEN = '<|file|>'  # the document token that starts every file: the recurrent state is reset there
+
+
+def stdlib_files(root):
+    """The .py files under root (the standard library), in sorted path order, without the test
+    suites (folders test, tests, idle_test, and test_*.py files) and without site-packages."""
+    skip = {'test', 'tests', 'idle_test', 'site-packages', '__pycache__'}
+    files = []
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in skip]
+        files += [os.path.join(folder, n) for n in names if n.endswith('.py') and not n.startswith('test_')]
+    return sorted(files, key=lambda p: os.path.relpath(p, root))
+
+
+def prepare_stdlib_char(cfg):
+    """The running interpreter's standard library as a character corpus: English docstrings and
+    comments, and code, that no one here wrote (karpathy's char-rnn 'Linux source' in spirit).
+    Files in sorted path order; whole files are held out: file i goes to test when
+    i % hold_out_every == 0, to val when it is hold_out_every // 2, else to train. Each file is
+    preceded by the document token <|file|> (id 0, the reset token). One token per character;
+    the vocabulary is <|file|> and every character of the text. Same Python, same bytes: meta.json
+    records the Python version, the file count and the SHA-256 of the text. max_files > 0: only
+    the first files (the tests)."""
+    import hashlib
+    import sysconfig
+    root = cfg['root'] or sysconfig.get_paths()['stdlib']
+    if not os.path.isdir(root):
+        raise DataError(f"--root={root}: no such folder")
+    k = cfg['hold_out_every']
+    if k < 3:
+        raise DataError(f"--hold_out_every={k}: need at least 3 (a test file, a val file and train files in each group)")
+    files = stdlib_files(root)[:cfg['max_files'] or None]
+    if len(files) < k:
+        raise DataError(f"{root} has {len(files)} .py files outside its tests: need at least hold_out_every={k}")
+    texts = [open(p, encoding='utf-8', errors='replace').read() for p in files]
+    itos = [FILE_TOKEN] + sorted(set(''.join(texts)))
+    stoi = {c: i for i, c in enumerate(itos)}
+    route = lambda i: 'test' if i % k == 0 else 'val' if i % k == k // 2 else 'train'
+    out_dir = cfg['out_dir'] or os.path.join(DATA_DIR, 'stdlib_char')
+    begin_dataset(out_dir)
+    digest, counts = hashlib.sha256(), {}
+    for split in ('train', 'val', 'test'):
+        ids = [[0] + [stoi[c] for c in t] for i, t in enumerate(texts) if route(i) == split]
+        chars = sum(len(t) - 1 for t in ids)
+        with AtomicFile(os.path.join(out_dir, f'{split}.bin')) as f:
+            f.write(np.concatenate([np.array(t, dtype=np.uint16) for t in ids]).tobytes())
+        counts[split] = dict(n=chars + len(ids), files=len(ids), chars=chars)
+    for t in texts:
+        digest.update(t.encode('utf-8'))
+    sizes = {s: (c['n'], sum(len(t.encode('utf-8')) for i, t in enumerate(texts) if route(i) == s)) for s, c in counts.items()}
+    write_meta(out_dir, dict(
+        name='stdlib_char', format='tokens', vocab_size=len(itos), dtype=dtype_for(len(itos)), tokenizer='char',
+        itos=itos, reset_token=0, bytes_per_token={s: b / n for s, (n, b) in sizes.items()}, splits=counts,
+        source=dict(python=sys.version.split()[0], root=root, files=len(files), sha256=digest.hexdigest()), args=cfg))
     return out_dir

@@ -305,3 +305,25 @@ def plot_jacobi_profile(profiles, path, T):
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+# -----------------------------------------------------------------------------
+# a token corpus, read whole (sample.py --eval_split on text, compare.py's text table)
+
+@torch.no_grad()
+def corpus_loss(model, data, T, mode='exact', batch_size=32, max_windows=0, ctx=nullcontext(), **scheme):
+    """The mean next-token loss (nats) over a token stream data (1-D array), cut into consecutive
+    windows of T + 1 tokens (every token predicted once; max_windows > 0: the first ones only). Each
+    window starts from the zero state, as in training; reset tokens inside it reset the state.
+    -> (loss, tokens scored)."""
+    device = model.lm_head.weight.device
+    n = (len(data) - 1) // T
+    n = min(n, max_windows) if max_windows > 0 else n
+    total, count = 0.0, 0
+    for i in range(0, n, batch_size):
+        rows = np.stack([np.asarray(data[j * T:j * T + T + 1], dtype=np.int64) for j in range(i, min(n, i + batch_size))])
+        x, y = torch.from_numpy(rows[:, :-1]).to(device), torch.from_numpy(rows[:, 1:]).to(device)
+        with ctx:
+            loss = model(x, y, mode=mode, **scheme)[1]
+        total += loss.item() * y.numel()
+        count += y.numel()
+    return total / max(count, 1), count

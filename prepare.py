@@ -5,6 +5,7 @@ Prepare a dataset for train.py and sample.py:
     python prepare.py s5 --group=Z2 --train_len=32     # parity               -> data/s5_Z2
     python prepare.py s5_retrieval --group=S5          # T2MLR S5-Retrieval   -> data/s5_retrieval_S5
     python prepare.py varassign --depth=4              # variable assignment  -> data/varassign
+    python prepare.py stdlib_char                      # Python's own stdlib, characters, offline -> data/stdlib_char
     python prepare.py text --input=input.txt --tokenizer=char   # local text  -> data/input
     python prepare.py tinystories --max_tokens=100e6   # Hub corpora, GPT-2 tokens (needs internet)
     python prepare.py fineweb_edu --num_proc=16
@@ -34,6 +35,7 @@ DATASETS = {  # name: (its options with their defaults, the function that writes
     'text': (corpora.TEXT_DEFAULTS, corpora.prepare_text),
     'fineweb_edu': (corpora.HUB_DEFAULTS, lambda cfg: corpora.prepare_hub(cfg, 'fineweb_edu')),
     'tinystories': (corpora.HUB_DEFAULTS, lambda cfg: corpora.prepare_hub(cfg, 'tinystories')),
+    'stdlib_char': (corpora.STDLIB_DEFAULTS, corpora.prepare_stdlib_char),
     'jsonl': (sft.JSONL_DEFAULTS, sft.prepare_jsonl),
     'gsm8k': (sft.GSM8K_DEFAULTS, sft.prepare_gsm8k),
     'tiny_retrofit_demo': (sft.DEMO_DEFAULTS, sft.prepare_tiny_retrofit_demo),

@@ -52,7 +52,7 @@ import torch
 from checkpoint import CheckpointError, from_pretrained, load_checkpoint
 from configurator import autocast, compile_errors, configure, fail
 from dataset import check_hub, data_fingerprint, get_tokenizer, load_answers, load_meta, load_rec_mask, load_split
-from diagnostics import plot_trace, task_accuracy, trace_values
+from diagnostics import corpus_loss, plot_trace, task_accuracy, trace_values
 from model import GPT, GPTConfig
 from sft import extract_answer
 from tasks import position_kinds, task_labels, task_rec_mask
@@ -166,12 +166,33 @@ def printer(decode, skip, shown):
     return on_token, shown
 
 
+def evaluate_corpus(model, data_dir, meta, split, batch_size, ctx, scheme):
+    """A token corpus's split read whole in windows of the training length: bits per token
+    (one character for char data) under the exact recurrence, the training scheme's
+    approximation and the zero state."""
+    import math
+    data = load_split(data_dir, split, meta)
+    T = min(train_config.get('block_size') or model.config.block_size, model.config.block_size)
+    t0, res = time.time(), {}
+    modes = [('exact', 'exact'), (scheme['mode'], scheme['mode']), ('zero state', 'zero')]
+    for tag, mode in modes if model.config.recurrence != 'none' else [('plain', 'plain')]:
+        loss, n = corpus_loss(model, data, T, mode=mode, batch_size=batch_size, ctx=ctx,
+                              **{k: v for k, v in scheme.items() if k != 'mode'})
+        res[tag] = loss / math.log(2)
+    print(f"{meta['name']} {split}: {n:,} tokens in windows of {T}, bits per token: "
+          + ', '.join(f"{v:.4f} ({k})" for k, v in res.items()) + f"  [{time.time() - t0:.1f}s]")
+    return res
+
+
 def evaluate(model, data_dir, meta, split, batch_size, ctx):
     """Token accuracy (argmax == y over positions with y != -1) and exact match (every
     labelled position of a row right) of the EXACT sequential recurrence on a task split,
     with accuracy by position and the step accuracy."""
     if meta['format'] != 'examples':
-        fail(f"eval_split needs a task dataset (examples format); {meta['name']} is a token corpus")
+        scheme = {k: train_config.get(k, d) for k, d in (('mode', 'jacobi'), ('n_iter', 8), ('n_grad', 4),
+                                                          ('n_subsets', 2), ('n_rounds', 1))}
+        scheme['mode'] = train_config.get('train_mode', 'plain')
+        return evaluate_corpus(model, data_dir, meta, split, batch_size, ctx, scheme)
     X, Y = load_split(data_dir, split, meta)
     n, T = X.shape
     if T > model.config.block_size:

@@ -246,7 +246,7 @@ def check_data():
     so a corrupt .bin is not an IndexError or a device assert in the middle of a run)."""
     if n_subsets > seq_len:
         fail(f"n_subsets={n_subsets}: interleaved needs 1 <= n_subsets <= the sequence length {seq_len}")
-    for split in (meta['splits'] if is_task else ['train', 'val']):
+    for split in meta['splits']:
         arrays = load_split(data_dir, split, meta)
         arrays = arrays if is_task else (arrays,)
         if not is_task and len(arrays[0]) < seq_len + 2:
@@ -451,7 +451,7 @@ def evaluate(final=True):
     modes = [('approx', train_mode)] + ([('exact', 'exact'), ('zero', 'zero')] if recurrent else [])
     kw = lambda mode: dict(mode=mode, n_iter=n_iter, n_grad=n_grad, n_subsets=n_subsets, n_rounds=n_rounds,
                            compile=compile and mode in ('exact', 'zero'))
-    for split in ['train', 'val']:
+    for split in ['train', 'val'] + (['test'] if 'test' in meta['splits'] and not is_task else []):
         for tag, mode in modes:
             gen = torch.Generator().manual_seed(1234)  # the same batches at every eval
             n = eval_iters if tag == 'approx' else eval_exact_iters  # exact and zero: the same batches
@@ -505,7 +505,7 @@ def print_eval(m):
     every position reads a zero state (about 0: the state is not used)."""
     recurrent = raw_model.config.recurrence != 'none'
     parts = []
-    for split in ['train', 'val']:
+    for split in [s for s in ('train', 'val', 'test') if f'{s}/loss_approx' in m]:
         a, e, z = m[f'{split}/loss_approx'], m[f'{split}/loss_exact'], m[f'{split}/loss_zero']
         parts.append(f"{split} loss {a:.4f} (exact {e:.4f}, gap {a - e:+.4f}"
                      + (f", zero-state {z:.4f}, reliance {z - e:+.4f})" if recurrent else ")"))

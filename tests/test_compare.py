@@ -28,11 +28,13 @@ def test_compare_tiny(tmp_path):
     for name in ('plain', 't2mlr_full', 't2mlr_mid', 'lrt'):
         s = res['summary'][name]
         for key in ('em_exact@8', 'em_exact@12', 'acc_exact@12', 'em_approx@8'):
-            mean, spread = s[key]
-            assert 0 <= mean <= 1 and spread >= 0
+            median, lo, hi = s[key]  # median [min, max] over the seeds
+            assert 0 <= lo <= median <= hi <= 1
+        assert 0 <= s['solved@12'] <= 2
         assert len(res['runs'][name]) == 2
     md = open(tmp_path / 'cmp' / 'results.md').read()
-    assert md.count('\n| ') == 4 and 'EM@12 (exact)' in md  # one row per model
+    assert md.count('\n| ') == 4 and 'EM@12 (exact)' in md and 'seeds EM@12 >= 0.9' in md  # one row per model
+    assert 'commit ' in md and '`python compare.py --quick=True' in md  # where the table came from
     # a second call reuses the finished runs instead of training again
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
     assert p.returncode == 0 and p.stdout.count('already done') == 8
@@ -105,3 +107,23 @@ def test_paper_configs_run_at_reduced_size(tmp_path, cfg):
                        capture_output=True, text=True, timeout=300, env=ENV)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert 'iter 2:' in p.stdout and 'bpb' in p.stdout
+
+
+def test_compare_text(tmp_path):
+    # language modelling: equal steps, and A@B (A for B's training FLOPs); test bits per character
+    # of the held-out files under the exact recurrence, the approximation and the zero state
+    prep('stdlib_char', '--max_files=40', f'--out_dir={tmp_path}/data/stdlib_char')
+    cmd = [sys.executable, os.path.join(ROOT, 'compare.py'), '--quick=True', '--max_iters=4', '--seeds=1',
+           '--dataset=stdlib_char', '--models=stdlib_plain,stdlib_lrt,stdlib_plain@stdlib_lrt',
+           f'--data_root={tmp_path}/data', f'--out_dir={tmp_path}/cmp', '--extra=--block_size=16 --eval_interval=2']
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    res = json.load(open(tmp_path / 'cmp' / 'text.json'))
+    rows = {r['model']: r for r in res['rows']}
+    ratio = rows['stdlib_lrt']['flops_per_token'] / rows['stdlib_plain']['flops_per_token']
+    assert ratio > 1.5 and rows['stdlib_plain@stdlib_lrt']['steps'] == round(4 * ratio)  # equal compute
+    assert rows['stdlib_lrt']['train_pflops'] == pytest.approx(rows['stdlib_plain@stdlib_lrt']['train_pflops'], rel=0.15)
+    lrt = res['runs']['stdlib_lrt'][0]['test']['bits']
+    assert set(lrt) == {'exact', 'approx', 'zero'} and all(2 < v < 10 for v in lrt.values())
+    assert 'reliance' in rows['stdlib_lrt'] and 'reliance' not in rows['stdlib_plain']
+    assert 'noise floor' in open(tmp_path / 'cmp' / 'text.md').read()

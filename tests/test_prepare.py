@@ -368,3 +368,25 @@ def test_task_tokenizer_round_trip(tmp_path):
     x, _ = load_split(d, 'train', meta)
     assert encode(decode(x[0].tolist())) == x[0].tolist()
     assert json.load(open(os.path.join(d, 'meta.json')))['version'] == 1
+
+
+def test_stdlib_char_is_deterministic_and_holds_out_whole_files(tmp_path):
+    # the same interpreter writes the same bytes; a file is never split between splits; every file
+    # starts with the document token (the reset token); meta records where the text came from
+    a = make(tmp_path, 'stdlib_char', '--max_files=24', '--hold_out_every=6', name='a')
+    b = make(tmp_path, 'stdlib_char', '--max_files=24', '--hold_out_every=6', name='b')
+    assert files_of(a) == files_of(b)
+    meta = load_meta(a)
+    src = meta['source']
+    assert src['files'] == 24 and src['python'] == sys.version.split()[0] and len(src['sha256']) == 64
+    assert meta['reset_token'] == 0 and meta['itos'][0] == corpora.FILE_TOKEN
+    files = corpora.stdlib_files(src['root'])[:24]
+    assert not any('/test/' in f or os.path.basename(f).startswith('test_') for f in files)
+    itos = meta['itos']
+    for split, picks in (('test', [0, 6, 12, 18]), ('val', [3, 9, 15, 21])):
+        ids = load_split(a, split, meta).tolist()
+        want = []
+        for i in picks:
+            want += [0] + [itos.index(c) for c in open(files[i], encoding='utf-8', errors='replace').read()]
+        assert ids == want and meta['splits'][split]['files'] == 4
+    assert meta['splits']['train']['files'] == 16
