@@ -618,7 +618,7 @@ try:
                 dist.all_reduce(flags, op=dist.ReduceOp.MAX)
             loss_bad, grad_bad, stop = flags.tolist()
             if loss_bad or grad_bad:  # before optimizer.step: the weights are still the last good ones
-                stop_diverged(' and '.join([f"non-finite train loss" + ('' if ddp else f" ({lossf.item()})")] * bool(loss_bad) +
+                stop_diverged(' and '.join(["non-finite train loss" + ('' if ddp else f" ({lossf.item()})")] * bool(loss_bad) +
                                            [f"non-finite gradient norm ({grad_norm.item()})"] * bool(grad_bad)))
             scaler.step(optimizer)
             scaler.update()
