@@ -275,3 +275,19 @@ def test_prompt_gets_the_reset_token():
     assert encode_prompt('', meta, lambda s: []) == ([50256], 1)
     assert encode_prompt('<|endoftext|>hi', meta, lambda s: [50256, 5]) == ([50256, 5], 0)
     assert encode_prompt('1 0', dict(name='t', tokenizer='task', reset_token=None), lambda s: [1, 0]) == ([1, 0], 0)
+
+
+def test_another_vocabulary_is_one_line(tmp_path):
+    # a checkpoint records its dataset's vocabulary (train.py: data_fingerprint); data with another
+    # token table is refused in one line, where it used to decode with the wrong table
+    for name, group in (('a', 'Z2'), ('b', 'Z5'), ('c', 'Z2')):
+        prepare.main(['s5', f'--group={group}', '--n_train=4', '--n_val=2', '--n_test=4', '--train_len=6',
+                      '--test_lens=', f'--out_dir={tmp_path}/{name}'])
+    m = tiny_gpt(5)
+    save_checkpoint({'model': m.state_dict(), 'model_args': dataclasses.asdict(m.config),
+                     'config': {'dataset': 'a', 'data_root': str(tmp_path)},
+                     'data': dataset.data_fingerprint(dataset.load_meta(str(tmp_path / 'a')))}, str(tmp_path / 'm.pt'))
+    code, _, err = run_here(f'--init_from={tmp_path}/m.pt', f'--data_root={tmp_path}', '--dataset=b', '--eval_split=test')
+    assert code != 0 and 'has another vocabulary than s5_Z2' in error_line(err)
+    code, out, err = run_here(f'--init_from={tmp_path}/m.pt', f'--data_root={tmp_path}', '--dataset=c', '--eval_split=test')
+    assert code == 0 and 'exact match' in out, err  # the same vocabulary, other rows: fine

@@ -280,3 +280,15 @@ def test_trace_bad_input_is_one_line(tmp_path, capsys):
         err = capsys.readouterr().err
         assert e.value.code == 2 and err.startswith(msg) and len(err.strip().splitlines()) == 1, err
     assert not os.listdir(tmp_path)
+
+
+def test_gate_statistics_of_a_huge_state_are_finite():
+    # a state of about 1e22 (an exploding run whose loss still improves) overflowed a float32
+    # norm to inf, which train.py took for a diverged loss; the statistics are float64 now
+    from diagnostics import gate_stats
+    model = tiny('t2mlr', dtype=torch.float32)
+    with torch.no_grad():
+        model.wte.weight.mul_(1e23)
+    idx = torch.randint(5, (2, 9), generator=torch.Generator().manual_seed(8))
+    stats = gate_stats(model, idx)
+    assert 1e20 < stats['gates/state'] < float('inf') and all(v == v for v in stats.values())
