@@ -1,5 +1,5 @@
 # A small T2MLR model on the built-in parity task (state tracking over Z_2),
-# a few minutes on a 2-core CPU. Data: python prepare.py s5 --group=Z2
+# about 7 minutes on one CPU core. Data: python prepare.py s5 --group=Z2
 # Full-layer recurrence (layers 0..3), trained with Jacobi iterations D=8, B=4.
 out_dir = 'out/t2mlr_small'
 dataset = 's5_Z2'
@@ -14,10 +14,10 @@ train_mode = 'jacobi'
 n_iter = 8
 n_grad = 4
 batch_size = 32
-max_iters = 1000
+max_iters = 1500
 learning_rate = 2e-3
 min_lr = 2e-4
 warmup_iters = 50
 eval_interval = 500
-eval_examples = 500      # rows per test split for accuracy (compare.py overrides to 1000)
+eval_examples = 1000     # rows per test split for accuracy and exact match
 log_interval = 50
