@@ -73,7 +73,7 @@ def load_meta(data_dir):
     path = os.path.join(data_dir, 'meta.json')
     # not only the built-in names: a dataset can be any folder that write_task (or the format above) made
     hint = ("run `python prepare.py NAME ...` for a built-in dataset (`python prepare.py --help` lists them), "
-            "or write your own task with dataset.write_task (docs/tasks.md)")
+            "or write your own task with dataset.write_task (docs/usage.md)")
     if not os.path.isdir(data_dir):
         raise DataError(f"no dataset at {data_dir} (no such folder, so no meta.json): {hint}")
     if not os.path.isfile(path):

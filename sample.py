@@ -386,7 +386,7 @@ def run_trace(model, ids, labels, path, title):
 
 
 if __name__ == '__main__':
-    configure(globals(), config_keys, doc=__doc__)
+    given = configure(globals(), config_keys, doc=__doc__)
     if device.startswith('cuda') and not torch.cuda.is_available():
         fail(f"device={device} but torch.cuda.is_available() is False")
     if dtype not in ('float32', 'bfloat16'):
@@ -416,7 +416,8 @@ if __name__ == '__main__':
     if dataset:
         data_dir = os.path.join(data_root, dataset)
     elif train_config.get('dataset'):
-        data_dir = os.path.join(train_config.get('data_root', data_root), train_config['dataset'])
+        root = data_root if 'data_root' in given else train_config.get('data_root', data_root)  # the flag wins
+        data_dir = os.path.join(root, train_config['dataset'])
     else:
         data_dir = None
     if data_dir is not None:

@@ -184,7 +184,7 @@ def test_missing_dataset_message(tmp_path):
     msg = str(e.value.code)
     assert msg.startswith(f"error: no dataset at {tmp_path / 'mine'}") and 'meta.json' in msg
     assert 'python prepare.py NAME' in msg and 'prepare.py --help' in msg and 'write_task' in msg
-    assert 'docs/tasks.md' in msg
+    assert 'docs/usage.md' in msg
     (tmp_path / 'mine').mkdir()  # a folder without meta.json: the same hint
     with pytest.raises(dataset.DataError, match="no meta.json.*write_task"):
         dataset.load_meta(str(tmp_path / 'mine'))
