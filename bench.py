@@ -83,6 +83,8 @@ prefill_reps = 5
 mem_configs = ''
 mem_vocab = 50257       # those configs' vocabulary (the 135M configs train on GPT-2 tokens)
 mem_gpu_gib = 80.0      # the GPU memory the prediction is held against
+mem_len = 0             # > 0: measure at this many tokens a sequence and scale the bytes per token to the
+                        # config's block_size (2 x 2048 tokens of LRT do not fit a 24 GB CPU machine)
 memory_only = False     # run section 4 alone
 # output
 out = ''                # also write the JSON object to this file
@@ -256,17 +258,18 @@ def config_memory(path):
     torch.manual_seed(seed)
     m = GPT(GPTConfig(**args)).to(device).train()
     T, mb_size = m.config.block_size, ns.get('batch_size', 32)
+    n = mem_len or T  # tokens per measured sequence
     global param_ptrs
     param_ptrs = {t.untyped_storage().data_ptr() for t in (*m.parameters(), *m.buffers())}
     saved = []
     for b in (1, 2):
-        x = torch.randint(0, mem_vocab, (b, T), device=device)
+        x = torch.randint(0, mem_vocab, (b, n), device=device)
         with torch.autocast(device_type, dtype=torch.bfloat16):
             saved.append(activation_bytes(lambda: m(x, x, **scheme)))
-    per_seq, per_step = saved[1] - saved[0], 2 * saved[0] - saved[1]
+    per_seq, per_step = (saved[1] - saved[0]) * T / n, 2 * saved[0] - saved[1]  # bytes per token: the same at any T
     n_params = sum(p.numel() for p in m.parameters())
     peak = 16 * n_params + per_step + per_seq * mb_size + 2 * 4 * mb_size * T * m.config.padded_vocab
-    return dict(config=path, mode=scheme['mode'], recompute=scheme['recompute'], block_size=T, micro_batch=mb_size,
+    return dict(config=path, mode=scheme['mode'], recompute=scheme['recompute'], block_size=T, measured_len=n, micro_batch=mb_size,
                 n_params=n_params, saved_gib_per_seq=per_seq / 2**30, saved_bytes_per_token=per_seq / T,
                 predicted_peak_gib=peak / 2**30, fits=peak / 2**30 < 0.9 * mem_gpu_gib)
 
