@@ -21,9 +21,11 @@ rec_gate_gain = 1.0       # the paper's pretraining gain
 train_mode = 'jacobi'
 n_iter = 16
 n_grad = 4
-# 16 x 2048 x 32 = ~1M tokens per step; 10B tokens = ~9,500 steps
-batch_size = 16
-gradient_accumulation_steps = 32
+# 8 x 2048 x 64 = ~1M tokens per step (10B tokens = ~9,500 steps), 8 sequences a micro-batch:
+# T2MLR keeps 3.3 GiB per 2048-token sequence for backward (bench.py --mem_configs, docs/cost.md),
+# so 16 would not fit an 80 GB GPU with margin; 8 is predicted well under it. recompute=True keeps less.
+batch_size = 8
+gradient_accumulation_steps = 64
 max_iters = 9500
 learning_rate = 3e-3
 min_lr = 3e-4

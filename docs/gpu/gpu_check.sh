@@ -48,17 +48,17 @@ sec "4. bench.py --device=cuda: compiled decode/prefill in CUDA-graph mode (redu
 TORCH_LOGS=cudagraphs timeout -k 10 100 $PY bench.py --device=cuda --compile=True --compile_mode=reduce-overhead --hf_peer=False --decode_batches=1 \
   --gen_lens=64 --train_reps=3 --decode_reps=3 --prefill_reps=2 --out="$L/bench.json" > "$L/bench.log" 2>&1
 grep -v '^{' "$L/bench.log" | grep -v -i "cudagraph\|warn" | tail -32; echo "  'skipping cudagraphs' lines: $(grep -c 'skipping cudagraphs' "$L/bench.log")"
-sec "5. 135M configs through train.py on synthetic GPT-2-vocab tokens, their micro-batch x 2048, compile=${C135:-False}"
+sec "5. 135M configs through train.py on synthetic GPT-2-vocab tokens, batch 4 x 2048, compile=${C135:-False}"
 $PY -c "import sys, os, numpy as np; from corpora import write_token_meta as w; d, n, r = sys.argv[1], {'train': 20_000_000, 'val': 500_000}, np.random.default_rng(0)
 os.makedirs(d, exist_ok=True); [(lambda a: (a.__setitem__(slice(None, None, 1000), 50256), a.tofile(f'{d}/{s}.bin')))(r.integers(0, 50256, n[s], dtype=np.uint16)) for s in n]
 w(d, 'fineweb_edu', {s: (n[s], 4 * n[s]) for s in n}, 'gpt2', 50257, None, {})" "$D/fineweb_edu"
 run135() {  # config, timeout, steps -> last log line, peak memory, wall time incl. the final eval + save
-timeout -k 10 "$2" $PY - "config/$1.py" --data_root="$D" --out_dir="$L/o_$1" --gradient_accumulation_steps=1 --max_iters="$3" \
+timeout -k 10 "$2" $PY - "config/$1.py" --data_root="$D" --out_dir="$L/o_$1" --batch_size=4 --gradient_accumulation_steps=1 --max_iters="$3" \
   --warmup_iters=10 --eval_first=False --eval_iters=2 --eval_exact_iters=1 --log_interval=25 --compile="${C135:-False}" <<'EOF' 2>&1 | tee "$L/$1.log" | grep -E "^iter|eval step|PEAK|rror" | tail -3
 import runpy, sys, time, torch; sys.argv, t = ['train.py'] + sys.argv[1:], time.time()
 try: runpy.run_path('train.py', run_name='__main__')
 finally: print(f'PEAK_GiB {torch.cuda.max_memory_allocated() / 2**30:.1f}, wall {time.time() - t:.0f}s (incl. final eval + save)')
 EOF
 }; run135 plain_135m_fineweb 60 100; run135 t2mlr_135m_fineweb 90 50; ms() { grep '^iter' "$L/$1.log" | tail -1 | sed -E 's/.*time ([0-9.]+)ms.*/\1/'; }
-A=$(ms t2mlr_135m_fineweb); B=$(ms plain_135m_fineweb); [ -n "$A" ] && [ -n "$B" ] && awk -v a="$A" -v b="$B" 'BEGIN { printf "train-step ratio T2MLR(D=16,B=4)/plain: %.2f (%.0f / %.0f ms, each at its config micro-batch)\n", a / b, a, b }'
+A=$(ms t2mlr_135m_fineweb); B=$(ms plain_135m_fineweb); [ -n "$A" ] && [ -n "$B" ] && awk -v a="$A" -v b="$B" 'BEGIN { printf "train-step ratio T2MLR(D=16,B=4)/plain: %.2f (%.0f / %.0f ms); FLOP model: 2.44\n", a / b, a, b }'
 sec "done; logs in $L"
