@@ -1,10 +1,10 @@
 # T2MLR on the S3 word problem (non-abelian state tracking, 6 elements): the label at each
 # position is the running product of the permutations so far. Trained on lengths 1..32,
-# judged with the exact recurrence at 32, 48 and 64 (README, "Non-abelian groups").
+# judged with the exact recurrence at 32, 48 and 64 (docs/evidence.md, S_3).
 # Data: python prepare.py s5 --group=S3
-# What made it work on a 2-core CPU: Jacobi with D = 32 = T (every position reads its exact
-# state in training; the gradient through the last iteration only, B = 1). With D = 8 the
-# same model stays near the sign of the permutation (loss ~ ln 3) for 1500 steps.
+# Jacobi with D = 32 = T (every position reads its exact state in training; the gradient through
+# the last iteration only, B = 1). Truncated Jacobi learns it too, given the same FLOPs:
+# D = 16 for 2642 steps or D = 8 for 4266 steps (docs/convergence.md, "Depth at equal compute").
 out_dir = 'out/s3_t2mlr'
 dataset = 's5_S3'
 n_layer = 4
