@@ -5,14 +5,13 @@ changes no gradient, a padded vocabulary that is never sampled and never in the 
 with a recurrent model trained plainly."""
 
 import math
-import os
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import model as model_module
-from model import GPT, GPTConfig, KVCache, attend
+from model import KVCache, attend
 from test_model import STYLES, TOL, make, tokens
 from test_train import common, data, run  # noqa: F401  (the parity dataset fixture)
 
