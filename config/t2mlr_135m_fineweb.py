@@ -23,7 +23,8 @@ n_iter = 16
 n_grad = 4
 # 8 x 2048 x 64 = ~1M tokens per step (10B tokens = ~9,500 steps), 8 sequences a micro-batch:
 # T2MLR keeps 3.3 GiB per 2048-token sequence for backward (bench.py --mem_configs, docs/cost.md),
-# so 16 would not fit an 80 GB GPU with margin; 8 is predicted well under it. recompute=True keeps less.
+# so micro-batch 16 is predicted at 67 GiB, tight on an 80 GB GPU once the allocator and kernel
+# workspaces (not in the prediction) are added; 8 is predicted at 35 GiB. recompute=True keeps half.
 batch_size = 8
 gradient_accumulation_steps = 64
 max_iters = 9500
