@@ -291,3 +291,17 @@ def test_another_vocabulary_is_one_line(tmp_path):
     assert code != 0 and 'has another vocabulary than s5_Z2' in error_line(err)
     code, out, err = run_here(f'--init_from={tmp_path}/m.pt', f'--data_root={tmp_path}', '--dataset=c', '--eval_split=test')
     assert code == 0 and 'exact match' in out, err  # the same vocabulary, other rows: fine
+
+
+def test_data_root_flag_wins_over_the_checkpoints(tmp_path):
+    # a checkpoint trained elsewhere records a data_root this machine lacks: --data_root points to
+    # the same dataset here (the checkpoint still names it), without it the message names the old path
+    prepare.main(['s5', '--group=Z2', '--n_train=4', '--n_val=2', '--n_test=4', '--train_len=6',
+                  '--test_lens=', f'--out_dir={tmp_path}/a'])
+    m = tiny_gpt(5)
+    save_checkpoint({'model': m.state_dict(), 'model_args': dataclasses.asdict(m.config),
+                     'config': {'dataset': 'a', 'data_root': str(tmp_path / 'elsewhere')}}, str(tmp_path / 'm.pt'))
+    code, out, err = run_here(f'--init_from={tmp_path}/m.pt', f'--data_root={tmp_path}', '--eval_split=test')
+    assert code == 0 and 'exact match' in out, err
+    code, _, err = run_here(f'--init_from={tmp_path}/m.pt', '--eval_split=test')
+    assert code != 0 and f"no dataset at {tmp_path / 'elsewhere' / 'a'}" in error_line(err), err
