@@ -77,7 +77,10 @@ def gate_stats(model, x, m=None, ctx=nullcontext()):
     where the recurrence is on, and channels; in float64, so a huge state is a huge number, not
     an overflow). T2MLR: gates/cur, gates/rec (tanh(g) sigmoid(f([h, r]))), gates/tanh_g_cur,
     gates/tanh_g_rec. LRT, per reading layer i and as a mean over them: gates/g_loc.i,
-    gates/g_fb.i, gates/gamma.i, gates/alpha.i. Both: gates/state, the mean norm of the state read."""
+    gates/g_fb.i, gates/gamma.i, gates/alpha.i. Both: gates/state, the mean norm of the state read.
+    T2MLR also: gates/scale_at_min and gates/scale_at_max, the fractions of the (non-zero) states
+    read whose RMS scale clamp(1/rms(m), min, max) sat at a bound. Unclamped, R = m / rms(m) has
+    RMS 1; at the lower bound (m too large) its RMS is above 1, at the upper (m too small) below."""
     was_training = model.training
     model.eval()
     with watch(model) as rec, ctx:
@@ -89,6 +92,11 @@ def gate_stats(model, x, m=None, ctx=nullcontext()):
         f = model.fusion
         out['gates/cur'], out['gates/rec'] = mean(values(rec, 'gate_cur')), mean(values(rec, 'gate_rec'))
         out['gates/tanh_g_cur'], out['gates/tanh_g_rec'] = math.tanh(f.g_cur.item()), math.tanh(f.g_rec.item())
+        rms = values(rec, 'state').double().pow(2).mean(-1).sqrt()  # (B, T)
+        on = rms > 0 if m is None else (rms > 0) & m  # zero states (t = 0, resets) have no scale
+        n = on.sum().clamp(min=1).item()
+        out['gates/scale_at_min'] = ((rms > 1 + 1e-3) & on).sum().item() / n
+        out['gates/scale_at_max'] = ((rms < 1 - 1e-3) & on).sum().item() / n
         return out
     per, lrt = {}, model.lrt
     for j, i in enumerate(range(model.s, model.config.n_layer)):

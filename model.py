@@ -50,6 +50,8 @@ class GPTConfig:
     rec_proj: bool = True       # r = W_rec R (else r = R)
     rec_gate_gain: float = 1.0  # xavier gain of f_cur/f_rec (1e-2 for fine-tuning)
     rec_residual_detach: bool = False  # m_t = h^(e)_t + sg(R_{t-1}): no gradient through the residual (official option)
+    rec_scale_min: float = 0.2  # the bounds of the state's RMS scale, clamp(1/rms(m_t), min, max) (official: 1/5, 5)
+    rec_scale_max: float = 5.0
     jacobi_init: str = 'plain'  # Jacobi's first span pass (DESIGN.md 6): 'plain' (no fusion, as official) or 'zero'
     # LRT options (DESIGN.md 4)
     lrt_inject: str = 'both'    # 'kv' | 'residual' | 'both'
@@ -80,6 +82,8 @@ class GPTConfig:
              f"lrt_gate_channels={self.lrt_gate_channels} must be in 0..n_embd={self.n_embd} (0 = all channels)"),
             (self.attn_window >= 0, f"attn_window={self.attn_window} must be >= 0 (0 = full causal attention)"),
             (0.0 <= self.dropout < 1.0, f"dropout={self.dropout} must be in [0, 1)"),
+            (0 < self.rec_scale_min <= self.rec_scale_max,
+             f"rec_scale_min={self.rec_scale_min}, rec_scale_max={self.rec_scale_max}: need 0 < min <= max"),
             (self.recurrence in ('none', 't2mlr', 'lrt'),
              f"unknown recurrence {self.recurrence!r}; expected 'none', 't2mlr' or 'lrt'"),
             (self.jacobi_init in ('plain', 'zero'),
@@ -456,10 +460,12 @@ class GPT(nn.Module):
         token that ran as the plain model (rec_mask False) hands on its raw h^(e)_t (the official code)."""
         if self.rec == 't2mlr':
             # m_t = h^(e)_t + R_{t-1};  R_t = m_t * clamp(1/rms(m_t), 1/5, 5), the scale under detach
+            # (the bounds are rec_scale_min/max: at the lower one the state's RMS exceeds 1)
             detach = state_in is not None and self.config.rec_residual_detach  # the official S5, GSM8K recipes
             R = state_in.detach() if detach else state_in  # (no gradient through the residual)
             m = h + R if (self.config.rec_residual and R is not None) else h
-            scale = torch.rsqrt(m.detach().pow(2).mean(-1, keepdim=True) + 1e-6).clamp(0.2, 5.0)
+            scale = torch.rsqrt(m.detach().pow(2).mean(-1, keepdim=True) + 1e-6)
+            scale = scale.clamp(self.config.rec_scale_min, self.config.rec_scale_max)
             return where_on(None if rec_mask is None else rec_mask.unsqueeze(-1), m * scale, h)
         # LRT: m_t = rmsnorm(h^(e)_t), no weight, at every position
         return F.rms_norm(h, (h.size(-1),), eps=self.config.norm_eps)
@@ -712,15 +718,18 @@ class GPT(nn.Module):
             steps[key] = torch.compile(getattr(self, name), dynamic=False, **kw)
         return steps[key]
 
-    def param_groups(self, weight_decay, rec_lr_mult=1.0):
+    def param_groups(self, weight_decay, rec_lr_mult=1.0, rec_weight_decay=None):
         """AdamW groups: decay on matrices (dim >= 2) only. The recurrence's own parameters get
-        lr_mult = rec_lr_mult (the retrofit recipe: 100); train.py sets lr = base_lr * lr_mult."""
+        lr_mult = rec_lr_mult (the retrofit recipe: 100; train.py sets lr = base_lr * lr_mult) and
+        their matrices rec_weight_decay (None: weight_decay; the official S5 recipe: 0.01)."""
         groups = {}
         for name, p in self.named_parameters():
             if not p.requires_grad:
                 continue
-            decay, mult = p.dim() >= 2, rec_lr_mult if self.is_rec_param(name) else 1.0
-            g = groups.setdefault((decay, mult), dict(params=[], weight_decay=weight_decay if decay else 0.0, lr_mult=mult))
+            rec = self.is_rec_param(name)
+            mult = rec_lr_mult if rec else 1.0
+            wd = 0.0 if p.dim() < 2 else rec_weight_decay if rec and rec_weight_decay is not None else weight_decay
+            g = groups.setdefault((p.dim() >= 2, wd, mult), dict(params=[], weight_decay=wd, lr_mult=mult))
             g['params'].append(p)
         return list(groups.values())
 

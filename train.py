@@ -68,7 +68,9 @@ eval_examples_mid = 0    # the same at the evaluations before the last (0: eval_
 eval_batch_size = 256    # task data: rows per forward pass in that accuracy evaluation
 eval_only = False
 eval_first = True        # also evaluate before the first step
-gate_interval = 0        # > 0: also log the gate statistics every gate_interval steps (one exact pass of one batch)
+gate_interval = 0        # log the gate statistics (one exact pass of gate_rows val rows) every so many steps;
+                         # 0: with every log line (log_interval), -1: only at evaluations
+gate_rows = 8            # val rows of that pass (cheap enough to leave on)
 always_save_checkpoint = True
 init_from = 'scratch'    # 'scratch' | 'resume' (out_dir/ckpt.pt) | a Hugging Face Llama name or folder (retrofit)
 seed = 1337
@@ -110,6 +112,8 @@ n_iter = 8               # Jacobi: D iterations as in the official code (D+1 spa
 n_grad = 4               # Jacobi: B, the last iterations that carry gradient (plus the final pass)
 jacobi_init = 'plain'    # Jacobi: the initial pass runs the plain model (official) or reads the 'zero' state
 rec_residual_detach = False  # T2MLR: no gradient through R_{t-1} in m_t = h_t + R_{t-1} (official S5/GSM8K recipes)
+rec_scale_min = 0.2      # T2MLR: the bounds of the state's RMS scale clamp(1/rms(m_t), min, max)
+rec_scale_max = 5.0
 n_subsets = 2            # interleaved: S
 n_rounds = 1             # interleaved: R rounds of the S refinements (exact positions 0..R*S-1 in training)
 recompute = False        # activation checkpointing: the passes that keep a graph are recomputed in backward
@@ -121,6 +125,7 @@ beta1 = 0.9
 beta2 = 0.95
 grad_clip = 1.0          # 0 = off
 rec_lr_mult = 1.0        # lr multiplier of the recurrence's own parameters (retrofit: 100)
+rec_weight_decay = -1.0  # weight decay of the recurrence's own matrices; -1 = weight_decay (official S5 recipe: 0.01)
 decay_lr = True
 warmup_iters = 100
 lr_decay_iters = -1      # -1 = max_iters
@@ -319,6 +324,7 @@ model_args = dict(block_size=block_size, vocab_size=meta['vocab_size'], n_layer=
                   recurrence=recurrence,
                   rec_start=rec_start, rec_end=rec_end, reset_token=meta.get('reset_token'),
                   rec_residual=rec_residual, rec_proj=rec_proj, rec_residual_detach=rec_residual_detach,
+                  rec_scale_min=rec_scale_min, rec_scale_max=rec_scale_max,
                   jacobi_init=jacobi_init,
                   rec_gate_gain=rec_gate_gain or (1.0 if init_from in ('scratch', 'resume') else 1e-2),
                   lrt_inject=lrt_inject, lrt_shared=lrt_shared, lrt_identity_init=lrt_identity_init,
@@ -389,7 +395,7 @@ if ptdtype == torch.float64:
     model = model.double()
 model.to(device)
 raw_model = model  # unwrapped and uncompiled: eval, generation and checkpoints use it
-groups = raw_model.param_groups(weight_decay, rec_lr_mult)
+groups = raw_model.param_groups(weight_decay, rec_lr_mult, None if rec_weight_decay < 0 else rec_weight_decay)
 fused = device_type == 'cuda'
 optimizer = torch.optim.AdamW(groups, lr=learning_rate, betas=(beta1, beta2), fused=fused)
 if ckpt is not None:
@@ -559,6 +565,22 @@ if wandb_log and master:
 
 t0 = time.time()
 exit_code = 0
+# per-step statistics over a log interval (rank 0's share under DDP): the loss of every step and
+# the gradient norm before clipping -> the interval's mean and largest loss, the largest rise of
+# the loss from one step to the next, the gradient norm and the fraction of steps clipped
+steps_seen = dict(loss=[], grad=[], last=None)
+
+
+def window_stats():
+    losses, grads, last = steps_seen['loss'], steps_seen['grad'], steps_seen['last']
+    jumps = [b - a for a, b in zip(([last] if last is not None else []) + losses[:-1], losses)]
+    out = dict(loss_mean=sum(losses) / len(losses), loss_max=max(losses), jump_max=max(jumps, default=0.0),
+               grad_norm=sum(grads) / len(grads), grad_norm_max=max(grads),
+               clip_frac=sum(g > grad_clip for g in grads) / len(grads) if grad_clip > 0 else 0.0)
+    steps_seen.update(loss=[], grad=[], last=losses[-1])
+    return out
+
+
 try:
     with compile_errors() if compile else nullcontext():  # a compiler that fails here: one line
         while True:
@@ -618,6 +640,9 @@ try:
             if ddp:
                 dist.all_reduce(flags, op=dist.ReduceOp.MAX)
             loss_bad, grad_bad, stop = flags.tolist()
+            step_loss, step_grad = torch.stack([lossf.float(), grad_norm.float()]).tolist()  # one host sync
+            steps_seen['loss'].append(step_loss)
+            steps_seen['grad'].append(step_grad)
             if loss_bad or grad_bad:  # before optimizer.step: the weights are still the last good ones
                 stop_diverged(' and '.join(["non-finite train loss" + ('' if ddp else f" ({lossf.item()})")] * bool(loss_bad) +
                                            [f"non-finite gradient norm ({grad_norm.item()})"] * bool(grad_bad)))
@@ -625,23 +650,28 @@ try:
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
             iter_num += 1
-            if gate_interval > 0 and iter_num % gate_interval == 0 and master and raw_model.config.recurrence != 'none':
-                x, _, m = draw_batch(torch.Generator().manual_seed(1234), 'val', batch_size)  # not data_gen: training unchanged
-                log_json({'iter': iter_num, 'type': 'gates', **gate_stats(raw_model, x, m, autocast)})
-
             if iter_num % log_interval == 0:
                 if ddp:
                     dist.all_reduce(lossf, op=dist.ReduceOp.AVG)
+                w = window_stats()
                 if master:
                     dt = (time.time() - t0) / log_interval
                     t0 = time.time()
                     mfu = flops_per_iter / dt / peak_flops if peak_flops > 0 else None
-                    print(f"iter {iter_num}: loss {lossf.item():.4f}, time {dt * 1000:.1f}ms, "
-                          f"{tokens_per_iter / dt:,.0f} tok/s" + (f", mfu {100 * mfu:.1f}%" if mfu else ""))
-                    log_json({'iter': iter_num, 'type': 'train', 'loss': lossf.item(), 'lr': lr,
+                    print(f"iter {iter_num}: loss {lossf.item():.4f} (mean {w['loss_mean']:.4f}, max {w['loss_max']:.4f}), "
+                          f"grad norm {w['grad_norm']:.3g}" + (f" ({100 * w['clip_frac']:.0f}% clipped)" if grad_clip > 0 else "")
+                          + f", time {dt * 1000:.1f}ms, {tokens_per_iter / dt:,.0f} tok/s" + (f", mfu {100 * mfu:.1f}%" if mfu else ""))
+                    log_json({'iter': iter_num, 'type': 'train', 'loss': lossf.item(), **w, 'lr': lr,
                               'dt_ms': dt * 1000, 'tok_per_s': tokens_per_iter / dt, 'mfu': mfu})
                     if wandb_log:
-                        wandb.log({'iter': iter_num, 'train/loss': lossf.item(), 'lr': lr, 'mfu': mfu})
+                        wandb.log({'iter': iter_num, 'train/loss': lossf.item(), 'lr': lr, 'mfu': mfu,
+                                   **{f'train/{k}': v for k, v in w.items()}})
+
+            t_gates, gates = time.time(), gate_interval if gate_interval != 0 else log_interval
+            if gates > 0 and iter_num % gates == 0 and master and raw_model.config.recurrence != 'none':
+                x, _, m = draw_batch(torch.Generator().manual_seed(1234), 'val', gate_rows)  # not data_gen: training unchanged
+                log_json({'iter': iter_num, 'type': 'gates', **gate_stats(raw_model, x, m, autocast)})
+            t0 += time.time() - t_gates  # the step time excludes this pass
 
             if stop:  # the step boundary: the checkpoint is exactly what an uninterrupted run has here
                 sig = stop_signal or signal.SIGTERM  # (a process that got none stops because another did)
