@@ -44,6 +44,7 @@ import sys
 import time
 
 from configurator import configure, fail
+from stats import endpoints, med_range, rank_test
 
 # -----------------------------------------------------------------------------
 out_dir = 'out/compare'
@@ -59,8 +60,11 @@ curve_examples = 200     # rows per test split at those intermediate evaluations
 results_dir = ''         # where results.md/.json and the plots go ('' = out_dir), e.g. docs/evidence/s5_S3
 reliance = False         # only the reliance table from the runs' checkpoints (no training)
 target = 0.9             # tasks: the table counts the seeds whose exact match at the longest length reaches this
+escape_loss = 0.0        # tasks: a run leaves the plateau at the first logged step whose mean train loss is below
+                         # this; 0 = by dataset (parity 0.2, S3 0.5, else 0.3 ln V: about a third of chance)
+spike = 0.25             # a spike: the mean train loss more than this (nats) above its running minimum after the escape
 # -----------------------------------------------------------------------------
-given = configure(globals(), [k for k in list(globals()) if not k.startswith('_') and k not in ('json', 'math', 'os', 'subprocess', 'sys', 'time', 'configure', 'fail')], doc=__doc__)
+given = configure(globals(), [k for k in list(globals()) if not k.startswith('_') and k not in ('json', 'math', 'os', 'subprocess', 'sys', 'time', 'configure', 'fail', 'endpoints', 'med_range', 'rank_test')], doc=__doc__)
 
 # the contenders: same 4-layer d=64 backbone, only the recurrence differs
 MODELS = {
@@ -114,6 +118,7 @@ for n in names:
         fail(f"unknown model {n!r}; expected some of {', '.join(MODELS)} (or A@B: A at B's training compute)")
 meta = json.load(open(os.path.join(data_root, dataset, 'meta.json'))) if os.path.isfile(
     os.path.join(data_root, dataset, 'meta.json')) else fail(f"no dataset {data_root}/{dataset}: run prepare.py first")
+escape_at = escape_loss or {'s5_Z2': 0.2, 's5_S3': 0.5}.get(dataset, 0.3 * math.log(meta['vocab_size']))
 text = meta['format'] == 'tokens'  # language modelling: each config's own max_iters, bits per character
 quick_args = ['--device=cpu', '--n_embd=16', '--n_head=2', '--n_kv_head=2', '--batch_size=4', '--eval_iters=1', '--eval_exact_iters=1',
               '--eval_examples=16', '--log_interval=1'] if quick else []
@@ -181,7 +186,10 @@ def curve(name, seed):
              for r in recs if r.get('type') == 'eval'}  # by step: a later evaluation of a step replaces it
     evals = [evals[i] for i in sorted(evals)]
     ms = sorted(r['dt_ms'] for r in recs if r.get('type') == 'train' and r['iter'] > 0)
-    return {'eval': evals, 'train': [[r['iter'], r['loss']] for r in recs if r.get('type') == 'train'],
+    train = [[r['iter'], r.get('loss_mean', r['loss'])] for r in recs if r.get('type') == 'train']  # the interval's mean
+    return {'eval': evals, 'train': train,
+            'grad': [[r['iter'], r['grad_norm'], r['clip_frac']] for r in recs if r.get('type') == 'train' and 'grad_norm' in r],
+            'clamp': [[r['iter'], r['gates/scale_at_min']] for r in recs if r.get('type') == 'gates' and 'gates/scale_at_min' in r],
             'ms_per_step': ms[len(ms) // 2] if ms else None}  # the median of the logged steps
 
 
@@ -263,13 +271,6 @@ def flops_of(name):
     T = cfg['block_size'] if text else lengths[0]  # tokens per training row
     return flops_per_token(GPTConfig(**ck['model_args']), T, mode=cfg['train_mode'], n_iter=cfg['n_iter'],
                            n_grad=cfg['n_grad'], n_subsets=cfg['n_subsets'], n_rounds=cfg.get('n_rounds', 1))
-
-
-def med_range(xs):
-    """(median, min, max) over seeds."""
-    s = sorted(xs)
-    mid = len(s) // 2
-    return (s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2), s[0], s[-1]
 
 
 def fmt(mr, digits=2):
@@ -477,7 +478,8 @@ results = {n: [] for n in names}
 for name in names:
     for seed in seed_list:
         ev, seconds = run(name, seed)
-        results[name].append({'seed': seed, 'seconds': seconds, 'eval': ev, 'curve': curve(name, seed)})
+        c = curve(name, seed)
+        results[name].append({'seed': seed, 'seconds': seconds, 'eval': ev, 'curve': c, **endpoints(c['train'], steps_of(name), escape_at, spike)})
 
 if text:
     text_report(results)
@@ -494,21 +496,36 @@ for name in names:
         for key in ('em_exact', 'acc_exact', 'em_approx', 'acc_approx'):
             summary[name][f'{key}@{L}'] = med_range([r['eval'][f'{s}/{key}'] for r in rows])
         summary[name][f'solved@{L}'] = sum(r['eval'][f'{s}/em_exact'] >= target for r in rows)
+    summary[name]['escape'] = med_range([r['escape'] for r in rows])
+    summary[name]['escaped'] = sum(r['escape'] <= max_iters for r in rows)
+    summary[name]['spikes'] = med_range([r['spikes'] for r in rows])
+    summary[name]['val_loss'] = med_range([r['eval']['val/loss_exact'] for r in rows])
+    if name != names[0]:  # against the first model (the baseline arm), on the continuous endpoints
+        base = results[names[0]]
+        summary[name]['p_escape'] = rank_test([r['escape'] for r in rows], [r['escape'] for r in base])
+        summary[name]['p_val_loss'] = rank_test([r['eval']['val/loss_exact'] for r in rows],
+                                                [r['eval']['val/loss_exact'] for r in base])
 
 # markdown table: exact-recurrence exact match at each length, then the approximation gap
 head = (['model'] + [f'EM@{L} (exact)' for L in lengths] + [f'acc@{lengths[-1]} (exact)', f'EM@{lengths[0]} (train approx)']
-        + [f'seeds EM@{lengths[-1]} >= {target:g}', 'time/run (s)'])
+        + [f'seeds EM@{lengths[-1]} >= {target:g}', f'escape step (loss < {escape_at:g})', 'spikes', 'val loss (exact)',
+           f'p vs {names[0]} (escape, val loss)', 'time/run (s)'])
 lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
 for name in names:
     s = summary[name]
     cells = [name] + [fmt(s[f'em_exact@{L}']) for L in lengths] + [fmt(s[f'acc_exact@{lengths[-1]}']),
-             fmt(s[f'em_approx@{lengths[0]}']), f"{s[f'solved@{lengths[-1]}']}/{len(seed_list)}", f"{s['seconds'][0]:.0f}"]
+             fmt(s[f'em_approx@{lengths[0]}']), f"{s[f'solved@{lengths[-1]}']}/{len(seed_list)}",
+             f"{fmt(s['escape'], 0)} ({s['escaped']}/{len(seed_list)} left)", fmt(s['spikes'], 0), fmt(s['val_loss'], 3),
+             f"{s['p_escape']:.3f}, {s['p_val_loss']:.3f}" if 'p_escape' in s else '-', f"{s['seconds'][0]:.0f}"]
     lines.append('| ' + ' | '.join(cells) + ' |')
 table = '\n'.join(lines)
 note = (f"\n\n{dataset}, trained on length {lengths[0]} rows (every prefix is a training instance), "
         f"{max_iters} iterations, seeds {seeds}: median [min, max] over seeds; {os.cpu_count()} CPU cores. "
         f"EM = whole-sequence exact match; 'exact' = the exact sequential recurrence; "
-        f"'train approx' = the training scheme's parallel approximation on the same weights. {provenance()}.\n")
+        f"'train approx' = the training scheme's parallel approximation on the same weights. Escape step: the first "
+        f"logged step whose mean train loss over the log interval is below {escape_at:g} (never: {max_iters + 1}); "
+        f"spikes: episodes of that mean more than {spike:g} nats above its running minimum after the escape; "
+        f"p: two-sided exact Mann-Whitney U test against {names[0]}. {provenance()}.\n")
 os.makedirs(rd, exist_ok=True)
 open(os.path.join(rd, 'results.md'), 'w').write(table + note)
 json.dump({'dataset': dataset, 'max_iters': max_iters, 'seeds': seed_list, 'lengths': lengths,

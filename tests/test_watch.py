@@ -292,3 +292,34 @@ def test_gate_statistics_of_a_huge_state_are_finite():
     idx = torch.randint(5, (2, 9), generator=torch.Generator().manual_seed(8))
     stats = gate_stats(model, idx)
     assert 1e20 < stats['gates/state'] < float('inf') and all(v == v for v in stats.values())
+
+
+# -----------------------------------------------------------------------------
+# the training instrumentation (issue 25)
+
+def test_train_logs_the_step_statistics(parity, tmp_path):
+    """Every log line holds the interval's mean and largest loss, the largest step-to-step rise,
+    the gradient norm before clipping and the fraction of steps clipped; the gates (with the
+    clamp occupancy) come every log interval by default; they agree with the per-step losses."""
+    out, log = train(['--recurrence=t2mlr', '--train_mode=jacobi', '--n_iter=2', '--n_grad=1', '--max_iters=6',
+                      '--eval_interval=6', '--log_interval=3', '--grad_clip=1e-3', '--eval_first=False'], parity, tmp_path)
+    trains = [r for r in log if r['type'] == 'train']
+    assert [r['iter'] for r in trains] == [3, 6] and [r['iter'] for r in log if r['type'] == 'gates'] == [3, 6]
+    for r in trains:
+        assert r['loss_max'] >= r['loss_mean'] and r['loss_max'] >= r['loss'] and r['grad_norm_max'] >= r['grad_norm'] > 0
+        assert r['clip_frac'] == 1.0  # a clip at 1e-3 clips every step
+    gates = [r for r in log if r['type'] == 'gates'][-1]
+    assert 0.0 <= gates['gates/scale_at_min'] <= 1.0 and 0.0 <= gates['gates/scale_at_max'] <= 1.0
+    assert '100% clipped' in out
+
+
+@pytest.mark.parametrize('bounds,at_min,at_max', [((100.0, 100.0), 1.0, 0.0), ((1e-3, 1e-3), 0.0, 1.0),
+                                                  ((1e-6, 1e6), 0.0, 0.0)])
+def test_clamp_occupancy(bounds, at_min, at_max):
+    """A scale pinned high (every state's RMS far above 1: the lower bound of clamp(1/rms, min, max)
+    is what binds when m is too large, so it counts as 'at min'), pinned low, or never clamped."""
+    from diagnostics import gate_stats
+    model = tiny('t2mlr', rec_scale_min=bounds[0], rec_scale_max=bounds[1])
+    x = torch.randint(0, 5, (3, 10), generator=torch.Generator().manual_seed(0))
+    g = gate_stats(model, x)
+    assert (g['gates/scale_at_min'], g['gates/scale_at_max']) == (at_min, at_max)
