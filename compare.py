@@ -249,7 +249,8 @@ def flops_of(name):
     cfg = ck['config']
     T = cfg['block_size'] if text else lengths[0]  # tokens per training row
     return flops_per_token(GPTConfig(**ck['model_args']), T, mode=cfg['train_mode'], n_iter=cfg['n_iter'],
-                           n_grad=cfg['n_grad'], n_subsets=cfg['n_subsets'], n_rounds=cfg.get('n_rounds', 1))
+                           n_grad=cfg['n_grad'], n_subsets=cfg['n_subsets'], n_rounds=cfg.get('n_rounds', 1),
+                           block_len=cfg.get('block_len', 1))
 
 
 def med_range(xs):
@@ -383,7 +384,7 @@ def text_report(results):
             if not os.path.isfile(path):  # once per run: the exact recurrence over 0.5M tokens takes minutes
                 model, ck = load_checkpoint(os.path.join(run_dir, 'ckpt.pt'))
                 cfg, bits = ck['config'], {}
-                scheme = {k: cfg.get(k, 1) for k in ('n_iter', 'n_grad', 'n_subsets', 'n_rounds')}
+                scheme = {k: cfg.get(k, 1) for k in ('n_iter', 'n_grad', 'n_subsets', 'n_rounds', 'block_len')}
                 modes = [('exact', 'exact'), ('approx', cfg['train_mode']), ('zero', 'zero')]
                 for tag, mode in modes if model.config.recurrence != 'none' else [('exact', 'plain')]:
                     bits[tag] = corpus_loss(model.eval(), test, cfg['block_size'], mode, **scheme)[0] / ln2

@@ -190,7 +190,7 @@ def evaluate(model, data_dir, meta, split, batch_size, ctx):
     with accuracy by position and the step accuracy."""
     if meta['format'] != 'examples':
         scheme = {k: train_config.get(k, d) for k, d in (('mode', 'jacobi'), ('n_iter', 8), ('n_grad', 4),
-                                                          ('n_subsets', 2), ('n_rounds', 1))}
+                                                          ('n_subsets', 2), ('n_rounds', 1), ('block_len', 1))}
         scheme['mode'] = train_config.get('train_mode', 'plain')
         return evaluate_corpus(model, data_dir, meta, split, batch_size, ctx, scheme)
     X, Y = load_split(data_dir, split, meta)
