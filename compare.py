@@ -88,6 +88,9 @@ MODELS = {
     't2mlr_w32_D16': ['config/t2mlr_small.py', '--n_iter=16', '--n_grad=1', '--attn_window=32'],
     't2mlr_w32_D32': ['config/t2mlr_small.py', '--n_iter=32', '--n_grad=1', '--attn_window=32'],
     't2mlr_w32_D4B4': ['config/t2mlr_small.py', '--n_iter=4', '--n_grad=4', '--attn_window=32'],  # B varied at D=4
+    # the LSTM baseline (lstm.py): 4 layers, hidden 81, the parameters of the 4-layer d=64 GPT;
+    # no attention, so no _w32 variant
+    'lstm': ['config/s3_lstm.py'],
     # language modelling on prepare.py stdlib_char: the same backbone, three models (docs/text.md)
     'stdlib_plain': ['config/stdlib_plain.py'],
     'stdlib_t2mlr': ['config/stdlib_t2mlr.py'],
@@ -243,12 +246,12 @@ def flops_of(name):
     """The model's FLOPs per trained token under its scheme (flops.py), from the first seed's
     checkpoint config and the scheme arguments of its command."""
     import torch
+    from checkpoint import model_config
     from flops import flops_per_token
-    from model import GPTConfig
     ck = torch.load(os.path.join(out_dir, f'{name}_s{seed_list[0]}', 'ckpt.pt'), map_location='cpu', weights_only=False)
     cfg = ck['config']
     T = cfg['block_size'] if text else lengths[0]  # tokens per training row
-    return flops_per_token(GPTConfig(**ck['model_args']), T, mode=cfg['train_mode'], n_iter=cfg['n_iter'],
+    return flops_per_token(model_config(ck['model_args']), T, mode=cfg['train_mode'], n_iter=cfg['n_iter'],
                            n_grad=cfg['n_grad'], n_subsets=cfg['n_subsets'], n_rounds=cfg.get('n_rounds', 1),
                            block_len=cfg.get('block_len', 1))
 

@@ -441,7 +441,7 @@ if __name__ == '__main__':
     if attn_window >= 0:  # e.g. test a full-attention model with a window (a diagnostic)
         model.config.attn_window = attn_window
     model.eval()
-    print(f"model: {model.config.recurrence}, {model.config.n_layer} layers, d={model.config.n_embd}, "
+    print(f"model: {getattr(model.config, 'arch', model.config.recurrence)}, {model.config.n_layer} layers, d={model.config.n_embd}, "
           f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters; data: {meta['name']}", file=sys.stderr)
 
     if jacobi_profile:

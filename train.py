@@ -1,5 +1,6 @@
 """
-Train the plain GPT, T2MLR or LRT, with the parallel training scheme of your choice.
+Train the plain GPT, T2MLR or LRT, with the parallel training scheme of your choice (or the
+LSTM baseline, lstm.py: arch='lstm').
 
 One process:
 $ python train.py config/t2mlr_small.py
@@ -49,7 +50,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from checkpoint import CheckpointError, from_pretrained, load_checkpoint, remove_stale_tmp, save_checkpoint
+from checkpoint import CheckpointError, build_model, from_pretrained, load_checkpoint, remove_stale_tmp, save_checkpoint
 from configurator import autocast as precision, compile_errors, configure, fail
 from dataset import check_hub, data_fingerprint, load_meta, load_rec_mask, load_split
 from diagnostics import gate_stats, task_accuracy
@@ -84,6 +85,7 @@ batch_size = 32          # micro-batch size per process
 block_size = 64          # tokens per sequence (token data); model context (task data: >= longest split)
 gradient_accumulation_steps = 1  # in total across processes
 # model
+arch = 'gpt'             # 'gpt' | 'lstm' (the baseline, lstm.py: n_layer layers of hidden size n_embd; recurrence='none')
 n_layer = 4
 n_head = 4
 n_kv_head = 4
@@ -153,6 +155,11 @@ def check_config():
     GPTConfig once the data is known; the checks that need the data follow its loading."""
     if train_mode not in ('plain', 'jacobi', 'interleaved', 'block'):
         fail(f"unknown train_mode {train_mode!r}; expected 'plain', 'jacobi', 'interleaved' or 'block'")
+    if arch not in ('gpt', 'lstm'):
+        fail(f"unknown arch {arch!r}; expected 'gpt' or 'lstm'")
+    if arch == 'lstm' and (recurrence != 'none' or init_from not in ('scratch', 'resume')):
+        fail("arch='lstm' (the LSTM baseline) has no latent recurrence and no pretrained weights: "
+             "set recurrence='none' train_mode='plain', init_from 'scratch' or 'resume'")
     if recurrence == 'none' and train_mode != 'plain':
         fail(f"train_mode={train_mode!r} needs a recurrence; use train_mode='plain' for recurrence='none'")
     if dtype not in ('float32', 'bfloat16', 'float16', 'float64'):
@@ -358,7 +365,7 @@ def resume_notes(saved, wanted, retrofit):
 
 try:
     if init_from == 'scratch':
-        model = GPT(GPTConfig(**model_args))
+        model = build_model(dict(model_args, arch=arch))
     elif init_from == 'resume':
         model, ckpt = load_checkpoint(ckpt_path)
         pretrained = ckpt.get('pretrained')
@@ -420,8 +427,9 @@ scheme = dict(mode=train_mode, n_iter=n_iter, n_grad=n_grad, n_subsets=n_subsets
 flops_per_iter = flops_per_token(raw_model.config, seq_len, **scheme) * tokens_per_iter
 if master:
     n_rec = sum(p.numel() for n, p in raw_model.named_parameters() if GPT.is_rec_param(n))
-    print(f"{sum(p.numel() for p in raw_model.parameters()) / 1e6:.3f}M parameters ({n_rec} recurrent), "
-          f"recurrence={raw_model.config.recurrence} s={raw_model.config.rec_start} e={raw_model.config.rec_end}, "
+    c = raw_model.config
+    shape = 'arch=lstm' if getattr(c, 'arch', 'gpt') == 'lstm' else f"recurrence={c.recurrence} s={c.rec_start} e={c.rec_end}"
+    print(f"{sum(p.numel() for p in raw_model.parameters()) / 1e6:.3f}M parameters ({n_rec} recurrent), {shape}, "
           f"train_mode={train_mode}, {tokens_per_iter} tokens/iter, {world_size} process(es) on {device}")
     if ddp:
         print(f"data: each process reads {accum_local} of the {gradient_accumulation_steps} micro-batches of a step")
