@@ -254,7 +254,8 @@ def config_memory(path):
     ns = {}
     exec(open(path).read(), ns)
     scheme = dict(mode=ns.get('train_mode', 'jacobi'), n_iter=ns.get('n_iter', 8), n_grad=ns.get('n_grad', 4),
-                  n_subsets=ns.get('n_subsets', 2), n_rounds=ns.get('n_rounds', 1), recompute=ns.get('recompute', False))
+                  n_subsets=ns.get('n_subsets', 2), n_rounds=ns.get('n_rounds', 1), block_len=ns.get('block_len', 1),
+                  recompute=ns.get('recompute', False))
     args = {k: ns[k] for k in GPTConfig.__dataclass_fields__ if k in ns}
     args.update(vocab_size=mem_vocab, vocab_pad=ns.get('vocab_pad', 128), reset_token=None)
     torch.manual_seed(seed)

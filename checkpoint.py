@@ -5,6 +5,7 @@ and the import of a pretrained Hugging Face Llama (SmolLM2, ...) for retrofittin
   save_checkpoint(ckpt, path)          atomic and durable (temp file, fsync, rename, fsync dir)
   load_checkpoint(path) -> (model, ckpt)   every failure one CheckpointError line; checkpoints
                                        of older versions of this repo are upgraded on load
+  build_model(model_args)              model.GPT, or lstm.LSTM (the baseline) for arch='lstm'
   from_pretrained(name, **overrides)   a Hugging Face Llama checkpoint as a GPT, the recurrence at identity
 """
 
@@ -13,6 +14,7 @@ import re
 
 import torch
 
+from lstm import LSTM, LSTMConfig
 from model import GPT, GPTConfig
 
 
@@ -105,6 +107,19 @@ def upgrade_state_dict(sd, config):
     return sd
 
 
+def model_config(model_args):
+    """The config model args describe: lstm.LSTMConfig where model_args['arch'] == 'lstm' (the
+    baseline), else model.GPTConfig. Keys the config does not have are left out."""
+    cls = LSTMConfig if model_args.get('arch') == 'lstm' else GPTConfig
+    return cls(**{k: v for k, v in model_args.items() if k in cls.__dataclass_fields__})
+
+
+def build_model(model_args):
+    """A fresh model.GPT, or lstm.LSTM for arch='lstm', from a config's or a checkpoint's model args."""
+    config = model_config(model_args)
+    return LSTM(config) if isinstance(config, LSTMConfig) else GPT(config)
+
+
 def load_checkpoint(path, device='cpu'):
     """Returns (model, ckpt). ckpt holds at least 'model' (state dict) and 'model_args'
     (GPTConfig fields). Every failure is one CheckpointError line."""
@@ -116,15 +131,16 @@ def load_checkpoint(path, device='cpu'):
         raise CheckpointError(f"{path} is not a readable checkpoint (corrupt or truncated?): {type(e).__name__}: {e}") from None
     if not isinstance(ckpt, dict) or 'model' not in ckpt or 'model_args' not in ckpt:
         raise CheckpointError(f"{path} is not a checkpoint of this repo (no 'model'/'model_args')")
-    unknown = set(ckpt['model_args']) - set(GPTConfig.__dataclass_fields__)
+    lstm = ckpt['model_args'].get('arch') == 'lstm'
+    unknown = set(ckpt['model_args']) - set((LSTMConfig if lstm else GPTConfig).__dataclass_fields__)
     if unknown:
         raise CheckpointError(f"{path} has model args this code does not know: {sorted(unknown)}")
     try:
-        model = GPT(GPTConfig(**ckpt['model_args']))
+        model = build_model(ckpt['model_args'])
     except ValueError as e:
         raise CheckpointError(f"{path}: invalid model args: {e}") from None
     sd = {k.removeprefix('_orig_mod.').removeprefix('module.'): v for k, v in ckpt['model'].items()}
-    sd = upgrade_state_dict(sd, model.config)
+    sd = sd if lstm else upgrade_state_dict(sd, model.config)
     if {v.dtype for v in sd.values() if v.is_floating_point()} == {torch.float64}:
         model = model.double()  # a float64 run (tests): loading into float32 would round the weights
     try:

@@ -105,6 +105,9 @@ MODELS = {
     't2mlr_w32_D32_B4': ['config/t2mlr_small.py', '--n_iter=32', '--n_grad=4', '--attn_window=32'],
     't2mlr_w32_D32_lr1e3': ['config/t2mlr_small.py', '--n_iter=32', '--n_grad=1', '--attn_window=32',
                             '--learning_rate=1e-3', '--min_lr=1e-4', '--warmup_iters=75'],
+    # the LSTM baseline (lstm.py): 4 layers, hidden 81, the parameters of the 4-layer d=64 GPT;
+    # no attention, so no _w32 variant
+    'lstm': ['config/s3_lstm.py'],
     # language modelling on prepare.py stdlib_char: the same backbone, three models (docs/text.md)
     'stdlib_plain': ['config/stdlib_plain.py'],
     'stdlib_t2mlr': ['config/stdlib_t2mlr.py'],
@@ -264,13 +267,14 @@ def flops_of(name):
     """The model's FLOPs per trained token under its scheme (flops.py), from the first seed's
     checkpoint config and the scheme arguments of its command."""
     import torch
+    from checkpoint import model_config
     from flops import flops_per_token
-    from model import GPTConfig
     ck = torch.load(os.path.join(out_dir, f'{name}_s{seed_list[0]}', 'ckpt.pt'), map_location='cpu', weights_only=False)
     cfg = ck['config']
     T = cfg['block_size'] if text else lengths[0]  # tokens per training row
-    return flops_per_token(GPTConfig(**ck['model_args']), T, mode=cfg['train_mode'], n_iter=cfg['n_iter'],
-                           n_grad=cfg['n_grad'], n_subsets=cfg['n_subsets'], n_rounds=cfg.get('n_rounds', 1))
+    return flops_per_token(model_config(ck['model_args']), T, mode=cfg['train_mode'], n_iter=cfg['n_iter'],
+                           n_grad=cfg['n_grad'], n_subsets=cfg['n_subsets'], n_rounds=cfg.get('n_rounds', 1),
+                           block_len=cfg.get('block_len', 1))
 
 
 def fmt(mr, digits=2):
@@ -397,7 +401,7 @@ def text_report(results):
             if not os.path.isfile(path):  # once per run: the exact recurrence over 0.5M tokens takes minutes
                 model, ck = load_checkpoint(os.path.join(run_dir, 'ckpt.pt'))
                 cfg, bits = ck['config'], {}
-                scheme = {k: cfg.get(k, 1) for k in ('n_iter', 'n_grad', 'n_subsets', 'n_rounds')}
+                scheme = {k: cfg.get(k, 1) for k in ('n_iter', 'n_grad', 'n_subsets', 'n_rounds', 'block_len')}
                 modes = [('exact', 'exact'), ('approx', cfg['train_mode']), ('zero', 'zero')]
                 for tag, mode in modes if model.config.recurrence != 'none' else [('exact', 'plain')]:
                     bits[tag] = corpus_loss(model.eval(), test, cfg['block_size'], mode, **scheme)[0] / ln2

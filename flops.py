@@ -27,16 +27,27 @@ def rec_flops(c):
     return 0
 
 
-def flops_per_token(c, T, mode='plain', n_iter=8, n_grad=4, n_subsets=2, train=True, n_rounds=1):
-    """c: a GPTConfig. FLOPs per token of one step over sequences of T tokens: the forward, plus
-    with train the backward at 2x the forward of every pass that carries gradient."""
+def lstm_flops(c):
+    """Forward FLOPs per token of lstm.LSTM (c: an LSTMConfig): per layer the four gates, (H + H) -> H
+    each, then the LM head."""
+    return c.n_layer * 2 * 4 * (2 * c.n_embd) * c.n_embd + 2 * c.n_embd * c.padded_vocab
+
+
+def flops_per_token(c, T, mode='plain', n_iter=8, n_grad=4, n_subsets=2, train=True, n_rounds=1, block_len=1):
+    """c: a GPTConfig (or an LSTMConfig). FLOPs per token of one step over sequences of T tokens: the forward, plus
+    with train the backward at 2x the forward of every pass that carries gradient. (block_len:
+    taken so that a scheme dict passes whole; block training's cost does not depend on it.)"""
+    if getattr(c, 'arch', 'gpt') == 'lstm':  # the baseline: one forward, whatever the mode
+        return lstm_flops(c) * (3 if train else 1)
     L, lf, hf = c.n_layer, layer_flops(c, T), 2 * c.n_embd * c.padded_vocab
     if c.recurrence == 'none' or mode == 'plain':
         fwd = bwd = L * lf + hf
     else:
         s, e = c.rec_start, c.rec_end
         below, span, above, rec = s, e - s + 1, L - 1 - e, rec_flops(c)
-        if mode in ('exact', 'zero'):
+        if mode in ('exact', 'zero', 'block'):
+            # every layer once per token; block training's chunks of block_len attend over at
+            # most T keys, counted as T (the convention above), so it costs what exact costs
             fwd = bwd = L * lf + hf + rec
         elif mode == 'jacobi':
             # D+1 span passes, B+1 of them with gradient; a 'plain' initial pass fuses nothing

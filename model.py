@@ -101,12 +101,13 @@ class GPTConfig:
                 raise ValueError(f"GPTConfig: {msg}")
 
 
-def check_scheme(mode, n_iter=8, n_grad=4, n_subsets=2, n_rounds=1, T=None):
+def check_scheme(mode, n_iter=8, n_grad=4, n_subsets=2, n_rounds=1, T=None, block_len=1):
     """The one check of a forward mode and the training schemes' settings (train.py runs it at
     start-up, forward on every call). T: the sequence length, when known."""
     for ok, msg in [
-            (mode in ('plain', 'exact', 'jacobi', 'interleaved', 'zero'),
-             f"unknown mode {mode!r}; expected 'plain', 'exact', 'jacobi', 'interleaved' or 'zero'"),
+            (mode in ('plain', 'exact', 'jacobi', 'interleaved', 'block', 'zero'),
+             f"unknown mode {mode!r}; expected 'plain', 'exact', 'jacobi', 'interleaved', 'block' or 'zero'"),
+            (block_len >= 1, f"block_len={block_len}: block training needs chunks of at least one token"),
             (n_iter >= 1, f"n_iter={n_iter}: Jacobi needs at least one iteration (n_iter >= 1)"),
             (0 <= n_grad <= n_iter, f"n_grad={n_grad}: the Jacobi iterations with gradient must be 0..n_iter={n_iter}"),
             (n_subsets >= 1 and not (mode == 'interleaved' and T is not None and n_subsets > T),
@@ -491,12 +492,13 @@ class GPT(nn.Module):
     # forward passes
 
     def forward(self, idx, targets=None, mode='exact', n_iter=8, n_grad=4, n_subsets=2, rec_mask=None, n_rounds=1,
-                recompute=False, compile=False):
+                recompute=False, compile=False, block_len=1):
         """idx, targets: (B, T) token ids (targets -1 = no loss). Returns (logits (B, T, V), loss).
         mode: 'plain'        the backbone alone, recurrence bypassed
               'exact'        the exact sequential recurrence (what generation computes)
               'jacobi'       Jacobi iterations (D = n_iter, gradient through the last B = n_grad)
               'interleaved'  n_subsets strided subsets refined in order, n_rounds times
+              'block'        chunks of block_len tokens in order, the state crossing chunk boundaries only
               'zero'         the exact forward with every position reading an all-zero state
         rec_mask: optional (B, T) bool, where the recurrence is on (default: everywhere).
         recompute: activation checkpointing of the passes that keep a graph (recomputed in
@@ -505,43 +507,50 @@ class GPT(nn.Module):
         T = idx.size(1)
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
-        check_scheme(mode, n_iter, n_grad, n_subsets, n_rounds, T)
+        check_scheme(mode, n_iter, n_grad, n_subsets, n_rounds, T, block_len)
         if self.rec == 'none' or mode == 'plain':
             x = self.run_blocks(self.drop(self.wte(idx)), 0, self.config.n_layer - 1, range(T))
-        elif mode in ('exact', 'zero'):
-            x, _, _ = self._exact(idx, KVCache(self.config.n_layer, T), rec_mask, mode == 'zero', compile)
+        elif mode in ('exact', 'zero', 'block'):
+            C = block_len if mode == 'block' else 1
+            x, _, _ = self._exact(idx, KVCache(self.config.n_layer, T), rec_mask, mode == 'zero', compile and C == 1, C)
         elif mode == 'jacobi':
             x = self._jacobi(idx, n_iter, n_grad, None, rec_mask, recompute)[0]
         else:
             return self.forward_interleaved(idx, targets, n_subsets, rec_mask, n_rounds, recompute)
         return self._logits_loss(x, targets)
 
-    def _exact(self, idx, cache, rec_mask=None, zero_state=False, compile=False):
+    def _exact(self, idx, cache, rec_mask=None, zero_state=False, compile=False, chunk=1):
         """The exact recurrence (DESIGN.md 5): token t reads the state token t-1 handed on. Below
         and above the span run in parallel; only the span runs token by token. zero_state
         (mode='zero'): no state is handed on, every token reads 0, so loss(zero) - loss(exact)
         is what the state carries. compile: the span steps through the compiled static step.
+        chunk = C > 1: block training (DESIGN.md 7, "Block training"; the LRT paper's baseline, which
+        its official code does not implement): the span runs C tokens at a time, the first reading
+        the state the chunk before handed on, the others 0.
         Returns (x_out (B, T, d), the states read (B, T, d), the last token's new state (B, d))."""
         B, T = idx.shape
         x = self.run_blocks(self.drop(self.wte(idx)), 0, self.s - 1, range(T), None, cache)  # below
         state = x.new_zeros(B, 1, self.config.n_embd)  # R_{-1} = 0
         hs, reads = [], []
-        for t in range(T):  # the recurrence
-            m = None if rec_mask is None else rec_mask[:, t:t + 1]
+        for t in range(0, T, chunk):  # the recurrence, one token (or chunk) at a time
+            u = min(t + chunk, T)
+            m = None if rec_mask is None else rec_mask[:, t:u]
             step = self.compiled('span_step', compile) if compile and t else self.span_step  # token 0 allocates the cache
-            pos = torch.tensor([t], device=idx.device) if compile else range(t, t + 1)
-            h, read, new = step(x[:, t:t + 1], idx[:, t:t + 1], pos, state, cache, m)
+            pos = torch.tensor([t], device=idx.device) if compile else range(t, u)
+            st = state if u - t == 1 else F.pad(state, (0, 0, 0, u - t - 1))  # (B, u - t, d): 0 inside a chunk
+            h, read, new = step(x[:, t:u], idx[:, t:u], pos, st, cache, m)
             hs.append(h)
             reads.append(read)
             if not zero_state:
-                state = new
+                state = new[:, -1:]
         h, reads = torch.cat(hs, 1), torch.cat(reads, 1)
         x = self.run_blocks(h, self.e + 1, self.config.n_layer - 1, range(T), reads, cache, rec_mask)  # above
         return x, reads, state[:, 0]
 
     def span_step(self, x, idx, pos, state, cache, rec_mask=None):
         """One token through the span: x (B, 1, d) its input to block s, idx (B, 1) the token, state
-        (B, 1, d) what the token before handed on. -> (h^(e), the state read, the state handed on)."""
+        (B, 1, d) what the token before handed on. -> (h^(e), the state read, the state handed on).
+        (Block training: n tokens at once, x, idx, state (B, n, ...), the states each one reads.)"""
         read = self._reset(state, idx, rec_mask)
         h = self.run_blocks(x, self.s, self.e, pos, read, cache, rec_mask)
         return h, read, self.next_state(h, read, rec_mask)

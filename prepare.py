@@ -5,6 +5,7 @@ Prepare a dataset for train.py and sample.py:
     python prepare.py s5 --group=Z2 --train_len=32     # parity               -> data/s5_Z2
     python prepare.py s5_retrieval --group=S5          # T2MLR S5-Retrieval   -> data/s5_retrieval_S5
     python prepare.py varassign --depth=4              # variable assignment  -> data/varassign
+    python prepare.py assoc --n_pairs=8                # associative recall (lookup, no state) -> data/assoc
     python prepare.py stdlib_char                      # Python's own stdlib, characters, offline -> data/stdlib_char
     python prepare.py text --input=input.txt --tokenizer=char   # local text  -> data/input
     python prepare.py tinystories --max_tokens=100e6   # Hub corpora, GPT-2 tokens (needs internet)
@@ -32,6 +33,7 @@ DATASETS = {  # name: (its options with their defaults, the function that writes
     's5': (tasks.S5_DEFAULTS, tasks.prepare_s5),
     's5_retrieval': (tasks.RETRIEVAL_DEFAULTS, tasks.prepare_s5_retrieval),
     'varassign': (tasks.VARASSIGN_DEFAULTS, tasks.prepare_varassign),
+    'assoc': (tasks.ASSOC_DEFAULTS, tasks.prepare_assoc),
     'text': (corpora.TEXT_DEFAULTS, corpora.prepare_text),
     'fineweb_edu': (corpora.HUB_DEFAULTS, lambda cfg: corpora.prepare_hub(cfg, 'fineweb_edu')),
     'tinystories': (corpora.HUB_DEFAULTS, lambda cfg: corpora.prepare_hub(cfg, 'tinystories')),

@@ -190,7 +190,7 @@ def evaluate(model, data_dir, meta, split, batch_size, ctx):
     with accuracy by position and the step accuracy."""
     if meta['format'] != 'examples':
         scheme = {k: train_config.get(k, d) for k, d in (('mode', 'jacobi'), ('n_iter', 8), ('n_grad', 4),
-                                                          ('n_subsets', 2), ('n_rounds', 1))}
+                                                          ('n_subsets', 2), ('n_rounds', 1), ('block_len', 1))}
         scheme['mode'] = train_config.get('train_mode', 'plain')
         return evaluate_corpus(model, data_dir, meta, split, batch_size, ctx, scheme)
     X, Y = load_split(data_dir, split, meta)
@@ -441,7 +441,7 @@ if __name__ == '__main__':
     if attn_window >= 0:  # e.g. test a full-attention model with a window (a diagnostic)
         model.config.attn_window = attn_window
     model.eval()
-    print(f"model: {model.config.recurrence}, {model.config.n_layer} layers, d={model.config.n_embd}, "
+    print(f"model: {getattr(model.config, 'arch', model.config.recurrence)}, {model.config.n_layer} layers, d={model.config.n_embd}, "
           f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters; data: {meta['name']}", file=sys.stderr)
 
     if jacobi_profile:

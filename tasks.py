@@ -1,8 +1,9 @@
 """
 The built-in synthetic tasks, each a generator of (input, aligned label) rows written by
 dataset.write_task: the group word problem s5 (state tracking), s5_retrieval (T2MLR's
-S5-Retrieval: state tracking + lookup in an in-context dictionary) and varassign (variable
-assignment chains). task_labels recomputes the labels of an input (sample.py shows them).
+S5-Retrieval: state tracking + lookup in an in-context dictionary), varassign (variable
+assignment chains) and assoc (associative recall: the lookup alone, no state to track).
+task_labels recomputes the labels of an input (sample.py shows them).
 """
 
 import itertools
@@ -286,4 +287,44 @@ def prepare_varassign(cfg):
 
     out_dir = cfg['out_dir'] or os.path.join(DATA_DIR, 'varassign')
     write_task(out_dir, cfg, 'varassign', itos, make_gen, task_sizes(cfg, depths[0], depths[1:]))
+    return out_dir
+
+# -----------------------------------------------------------------------------
+# task 4: assoc, associative recall (a pure lookup: the control with no state to track)
+
+ASSOC_DEFAULTS = dict(n_keys=16, n_values=16, n_pairs=8, n_queries=32, test_queries='48,64', n_train=20000, n_val=500,
+                      n_test=1000, seed=1337, out_dir='')
+
+
+def prepare_assoc(cfg):
+    """Associative recall from an in-context dictionary, with nothing to carry from one query to
+    the next (s5_retrieval's lookup without its state tracking):
+        dictionary   k v k v ... k v   n_pairs distinct keys (of n_keys), each with a random value (of n_values)
+        '|'
+        queries      q_1 q_2 ... q_Q   Q = n_queries keys, each drawn from the row's dictionary
+    Targets: at each query its value in the dictionary, -1 elsewhere (the dictionary and '|').
+    Vocabulary: keys k0.. (ids 0..n_keys-1), then values v0.., then '|'. Split test_<Q> holds
+    rows of Q queries after a dictionary of the same size."""
+    K, V, P = cfg['n_keys'], cfg['n_values'], cfg['n_pairs']
+    queries = [cfg['n_queries']] + parse_lens(cfg['test_queries'], 'test_queries')
+    if min(V, P, *queries) < 1 or P > K:
+        raise DataError(f"assoc needs 1 <= n_pairs <= n_keys, n_values >= 1 and queries >= 1: --n_keys={K} "
+                        f"--n_values={V} --n_pairs={P} --n_queries={cfg['n_queries']} --test_queries={cfg['test_queries']}")
+    itos = [f'k{i}' for i in range(K)] + [f'v{i}' for i in range(V)] + ['|']
+
+    def make_gen(Q):
+        def generate(rng, rows):
+            keys = rng.permuted(np.tile(np.arange(K), (rows, 1)), axis=1)[:, :P]  # (rows, P), distinct in a row
+            values = K + rng.integers(0, V, size=(rows, P))                       # (rows, P) value ids
+            asked = rng.integers(0, P, size=(rows, Q))                            # the entry each query asks for
+            r = np.arange(rows)[:, None]
+            pairs = np.stack([keys, values], axis=2).reshape(rows, 2 * P)
+            x = np.concatenate([pairs, np.full((rows, 1), K + V), keys[r, asked]], axis=1)
+            y = np.concatenate([np.full((rows, 2 * P + 1), -1), values[r, asked]], axis=1)
+            return x, y
+        return generate
+
+    out_dir = cfg['out_dir'] or os.path.join(DATA_DIR, 'assoc')
+    write_task(out_dir, cfg, 'assoc', itos, make_gen, task_sizes(cfg, queries[0], queries[1:]),
+               task=dict(name='assoc', n_keys=K, n_values=V, n_pairs=P))
     return out_dir

@@ -1,5 +1,6 @@
 """
-Train the plain GPT, T2MLR or LRT, with the parallel training scheme of your choice.
+Train the plain GPT, T2MLR or LRT, with the parallel training scheme of your choice (or the
+LSTM baseline, lstm.py: arch='lstm').
 
 One process:
 $ python train.py config/t2mlr_small.py
@@ -19,6 +20,8 @@ train_mode picks how the recurrence is made parallel for training (model.py):
   'jacobi'       T2MLR's Jacobi iterations as the official code runs them: D = n_iter, B = n_grad
   'interleaved'  LRT's strided subsets: n_subsets refinements on a shared key/value buffer,
                  n_rounds times over (1: the paper; more: deeper chains, DESIGN.md 7)
+  'block'        LRT's block-training baseline: chunks of block_len tokens in order, the state
+                 crossing chunk boundaries only (1: the exact recurrence, DESIGN.md 7)
 Evaluation always reports the loss under the training approximation AND under the
 exact sequential recurrence (what generation computes); their gap is the
 approximation error. Judge recurrent models by the exact numbers. It also reports the
@@ -47,7 +50,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from checkpoint import CheckpointError, from_pretrained, load_checkpoint, remove_stale_tmp, save_checkpoint
+from checkpoint import CheckpointError, build_model, from_pretrained, load_checkpoint, remove_stale_tmp, save_checkpoint
 from configurator import autocast as precision, compile_errors, configure, fail
 from dataset import check_hub, data_fingerprint, load_meta, load_rec_mask, load_split
 from diagnostics import gate_stats, task_accuracy
@@ -84,6 +87,7 @@ batch_size = 32          # micro-batch size per process
 block_size = 64          # tokens per sequence (token data); model context (task data: >= longest split)
 gradient_accumulation_steps = 1  # in total across processes
 # model
+arch = 'gpt'             # 'gpt' | 'lstm' (the baseline, lstm.py: n_layer layers of hidden size n_embd; recurrence='none')
 n_layer = 4
 n_head = 4
 n_kv_head = 4
@@ -107,7 +111,7 @@ lrt_shared = True
 lrt_identity_init = False
 lrt_gate_channels = 0    # LRT gates read the first N channels of the normed input (official option); 0 = all
 # training scheme
-train_mode = 'jacobi'    # 'plain' | 'jacobi' | 'interleaved'
+train_mode = 'jacobi'    # 'plain' | 'jacobi' | 'interleaved' | 'block'
 n_iter = 8               # Jacobi: D iterations as in the official code (D+1 span passes: initial, D-1, final)
 n_grad = 4               # Jacobi: B, the last iterations that carry gradient (plus the final pass)
 jacobi_init = 'plain'    # Jacobi: the initial pass runs the plain model (official) or reads the 'zero' state
@@ -116,6 +120,7 @@ rec_scale_min = 0.2      # T2MLR: the bounds of the state's RMS scale clamp(1/rm
 rec_scale_max = 5.0
 n_subsets = 2            # interleaved: S
 n_rounds = 1             # interleaved: R rounds of the S refinements (exact positions 0..R*S-1 in training)
+block_len = 4            # block: C, the chunk length (the state reaches a chunk from the one before only)
 recompute = False        # activation checkpointing: the passes that keep a graph are recomputed in backward
 # optimizer
 learning_rate = 1e-3
@@ -153,14 +158,19 @@ def check_config():
     """Sanity checks of the training settings alone: each bad one ends the run with one line
     (exit 2) before any data is read or model built. The model's own settings are checked by
     GPTConfig once the data is known; the checks that need the data follow its loading."""
-    if train_mode not in ('plain', 'jacobi', 'interleaved'):
-        fail(f"unknown train_mode {train_mode!r}; expected 'plain', 'jacobi' or 'interleaved'")
+    if train_mode not in ('plain', 'jacobi', 'interleaved', 'block'):
+        fail(f"unknown train_mode {train_mode!r}; expected 'plain', 'jacobi', 'interleaved' or 'block'")
+    if arch not in ('gpt', 'lstm'):
+        fail(f"unknown arch {arch!r}; expected 'gpt' or 'lstm'")
+    if arch == 'lstm' and (recurrence != 'none' or init_from not in ('scratch', 'resume')):
+        fail("arch='lstm' (the LSTM baseline) has no latent recurrence and no pretrained weights: "
+             "set recurrence='none' train_mode='plain', init_from 'scratch' or 'resume'")
     if recurrence == 'none' and train_mode != 'plain':
         fail(f"train_mode={train_mode!r} needs a recurrence; use train_mode='plain' for recurrence='none'")
     if dtype not in ('float32', 'bfloat16', 'float16', 'float64'):
         fail(f"unknown dtype {dtype!r}")
     try:
-        check_scheme(train_mode, n_iter, n_grad, n_subsets, n_rounds)
+        check_scheme(train_mode, n_iter, n_grad, n_subsets, n_rounds, block_len=block_len)
     except ValueError as e:
         fail(str(e))
     for k in ('batch_size', 'block_size', 'gradient_accumulation_steps', 'eval_interval', 'log_interval',
@@ -361,7 +371,7 @@ def resume_notes(saved, wanted, retrofit):
 
 try:
     if init_from == 'scratch':
-        model = GPT(GPTConfig(**model_args))
+        model = build_model(dict(model_args, arch=arch))
     elif init_from == 'resume':
         model, ckpt = load_checkpoint(ckpt_path)
         pretrained = ckpt.get('pretrained')
@@ -419,12 +429,13 @@ if ddp:
     unused = raw_model.config.recurrence != 'none' and train_mode == 'plain'
     model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None, find_unused_parameters=unused)
 
-scheme = dict(mode=train_mode, n_iter=n_iter, n_grad=n_grad, n_subsets=n_subsets, n_rounds=n_rounds)
+scheme = dict(mode=train_mode, n_iter=n_iter, n_grad=n_grad, n_subsets=n_subsets, n_rounds=n_rounds, block_len=block_len)
 flops_per_iter = flops_per_token(raw_model.config, seq_len, **scheme) * tokens_per_iter
 if master:
     n_rec = sum(p.numel() for n, p in raw_model.named_parameters() if GPT.is_rec_param(n))
-    print(f"{sum(p.numel() for p in raw_model.parameters()) / 1e6:.3f}M parameters ({n_rec} recurrent), "
-          f"recurrence={raw_model.config.recurrence} s={raw_model.config.rec_start} e={raw_model.config.rec_end}, "
+    c = raw_model.config
+    shape = 'arch=lstm' if getattr(c, 'arch', 'gpt') == 'lstm' else f"recurrence={c.recurrence} s={c.rec_start} e={c.rec_end}"
+    print(f"{sum(p.numel() for p in raw_model.parameters()) / 1e6:.3f}M parameters ({n_rec} recurrent), {shape}, "
           f"train_mode={train_mode}, {tokens_per_iter} tokens/iter, {world_size} process(es) on {device}")
     if ddp:
         print(f"data: each process reads {accum_local} of the {gradient_accumulation_steps} micro-batches of a step")
@@ -456,7 +467,7 @@ def evaluate(final=True):
     recurrent = raw_model.config.recurrence != 'none'
     modes = [('approx', train_mode)] + ([('exact', 'exact'), ('zero', 'zero')] if recurrent else [])
     kw = lambda mode: dict(mode=mode, n_iter=n_iter, n_grad=n_grad, n_subsets=n_subsets, n_rounds=n_rounds,
-                           compile=compile and mode in ('exact', 'zero'))
+                           block_len=block_len, compile=compile and mode in ('exact', 'zero'))
     for split in ['train', 'val'] + (['test'] if 'test' in meta['splits'] and not is_task else []):
         for tag, mode in modes:
             gen = torch.Generator().manual_seed(1234)  # the same batches at every eval

@@ -111,9 +111,9 @@ def next_state(model, h, R_prev, off=False):
     return rms(h, None, c.norm_eps)
 
 
-def naive_exact(model, idx, grad=False, rec_mask=None):
+def naive_exact(model, idx, grad=False, rec_mask=None, block_len=1):
     """idx: (B, T). Returns logits (B, T, V) of the exact sequential recurrence
-    (differentiable with grad=True, for gradient checks)."""
+    (differentiable with grad=True, for gradient checks). block_len > 1: naive_block."""
     c = model.config
     out = []
     with torch.set_grad_enabled(grad):
@@ -126,7 +126,8 @@ def naive_exact(model, idx, grad=False, rec_mask=None):
             for t in range(T):
                 reset = t == 0 or (c.reset_token is not None and ids[t].item() == c.reset_token)
                 off = on is not None and not on[t]  # a plain position reads no state
-                states.append(zero if reset or off else prev)
+                inside = t % block_len != 0  # block training: no state inside a chunk
+                states.append(zero if reset or off or inside else prev)
                 S = torch.stack(states)
                 logits, h_e = full_model(model, ids[:t + 1], S, None if on is None else on[:t + 1])
                 rows.append(logits[t])
@@ -134,6 +135,14 @@ def naive_exact(model, idx, grad=False, rec_mask=None):
                     prev = next_state(model, h_e[t], S[t], off)
             out.append(torch.stack(rows))
     return torch.stack(out)
+
+
+def naive_block(model, idx, C, rec_mask=None, grad=False):
+    """Logits (B, T, V) of block training (DESIGN.md 7, "Block training"): contiguous chunks of
+    C tokens in order, the state crossing chunk boundaries only. Stated as naive_exact with one
+    change: token t reads the state token t-1 handed on only where a chunk starts (t % C == 0),
+    elsewhere 0. C = 1 is the exact recurrence."""
+    return naive_exact(model, idx, grad, rec_mask, block_len=C)
 
 
 def naive_plain(model, idx):

@@ -153,13 +153,37 @@ def test_varassign_labels(tmp_path):
             assert labels[:-1] == [-1] * (len(labels) - 1) and meta['itos'][labels[-1]] == v
 
 # -----------------------------------------------------------------------------
+# assoc: every query looked up again in the decoded dictionary
+
+def test_assoc_labels(tmp_path):
+    d = make(tmp_path, 'assoc', '--n_keys=6', '--n_values=5', '--n_pairs=4', '--n_queries=7', '--test_queries=10', *SMALL)
+    meta = load_meta(d)
+    encode, decode = get_tokenizer(meta)
+    assert meta['vocab_size'] == 6 + 5 + 1 and meta['task']['name'] == 'assoc'
+    assert {s: v['len'] for s, v in meta['splits'].items()} == {'train': 16, 'val': 16, 'test': 16, 'test_10': 19}
+    for split, Q in (('train', 7), ('test', 7), ('test_10', 10)):
+        x, y = load_split(d, split, meta)
+        for row_x, row_y in zip(x, y):
+            words = decode(row_x.tolist()).split()
+            assert encode(' '.join(words)) == row_x.tolist()
+            pairs, sep, queries = words[:8], words[8], words[9:]
+            table = dict(zip(pairs[::2], pairs[1::2]))
+            assert sep == '|' and len(table) == 4 and len(queries) == Q  # 4 distinct keys
+            assert all(k[0] == 'k' and v[0] == 'v' for k, v in table.items())
+            labels = row_y.tolist()
+            assert labels[:9] == [-1] * 9  # only the queries are labelled: with their values
+            assert [meta['itos'][i] for i in labels[9:]] == [table[q] for q in queries]
+    with pytest.raises(DataError, match='n_pairs'):
+        make(tmp_path, 'assoc', '--n_keys=3', '--n_pairs=4', *SMALL, name='bad')
+
+# -----------------------------------------------------------------------------
 # determinism, CLI errors
 
 def files_of(d):
     return {os.path.basename(f): open(f, 'rb').read() for f in sorted(glob.glob(os.path.join(d, '*.bin')))}
 
 
-@pytest.mark.parametrize('argv', [['s5', '--group=S5'], ['s5_retrieval', '--group=S3'], ['varassign']])
+@pytest.mark.parametrize('argv', [['s5', '--group=S5'], ['s5_retrieval', '--group=S3'], ['varassign'], ['assoc']])
 def test_deterministic_by_seed(tmp_path, argv):
     a = files_of(make(tmp_path, *argv, *SMALL, '--seed=7', name='a'))
     b = files_of(make(tmp_path, *argv, *SMALL, '--seed=7', name='b'))

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from model import GPT
-from reference import full_model, naive_interleaved
+from reference import full_model, naive_block, naive_exact, naive_interleaved
 from test_model import STYLES, IDS, TOL, make, tokens
 
 # both styles, each with middle and full spans, and the two cross pairings are covered
@@ -109,16 +109,62 @@ def test_interleaved_loss_is_mean_of_passes():
     torch.testing.assert_close(loss, (l0 + l1 + l2) / 3, **TOL)
 
 
+@pytest.mark.parametrize('kw', SCHEME_STYLES, ids=SCHEME_IDS)
+def test_block_of_one_token_is_exact(kw):
+    m = make(reset_token=0, **kw)
+    idx = doc_tokens()
+    torch.testing.assert_close(m(idx, mode='block', block_len=1)[0], naive_exact(m, idx), **TOL)
+
+
+@pytest.mark.parametrize('kw', SCHEME_STYLES, ids=SCHEME_IDS)
+@pytest.mark.parametrize('C', [2, 3, 5])
+def test_block_matches_naive_scheme(kw, C):
+    m = make(reset_token=0, **kw)
+    idx = doc_tokens(T=11)  # not a multiple of C: a shorter last chunk
+    logits = m(idx, mode='block', block_len=C)[0]
+    torch.testing.assert_close(logits, naive_block(m, idx, C), **TOL)
+    # an approximation: it differs from the exact recurrence for C > 1
+    assert (logits - m(idx, mode='exact')[0]).abs().max() > 1e-6
+
+
+@pytest.mark.parametrize('kw', [STYLES[0], STYLES[3]], ids=['t2mlr', 'lrt'])
+def test_block_gradients_match_naive_block(kw):
+    # the state carries gradient across chunk boundaries, and so do the cached keys/values
+    from model import ce_loss
+    m = make(reset_token=0, **kw).train()
+    idx, tgt = doc_tokens(T=8), tokens(B=2, T=8, seed=5)
+    m.zero_grad()
+    m(idx, tgt, mode='block', block_len=3)[1].backward()
+    g_model = grads(m)
+    m.zero_grad()
+    ce_loss(naive_block(m, idx, 3, grad=True), tgt).backward()
+    for n, g in grads(m).items():
+        torch.testing.assert_close(g_model[n], g, rtol=0, atol=1e-10, msg=n)
+
+
+def test_block_flops_hand_count():
+    # the TINY model (test_model.py): 4 layers, d=32, 4 heads of 8, 2 KV heads, MLP 48, vocab 23
+    from flops import flops_per_token
+    c, T = make(**STYLES[0]).config, 11
+    layer = 2 * (32 * 32 + 2 * 32 * 16 + 32 * 32 + 3 * 32 * 48) + 4 * 4 * 8 * T  # q, k+v, o, MLP; QK^T and AV
+    head = 2 * 32 * 23
+    fusion = 2 * (32 * 32 + 2 * 64 * 32)  # W_rec, f_cur, f_rec
+    fwd = 4 * layer + head + fusion  # every layer once per token, whatever the chunk length
+    for C in (1, 3, 11):
+        assert flops_per_token(c, T, 'block', block_len=C, train=False) == fwd
+        assert flops_per_token(c, T, 'block', block_len=C) == 3 * fwd == flops_per_token(c, T, 'exact')
+
+
 def grads(model):
     return {n: (p.grad.clone() if p.grad is not None else None) for n, p in model.named_parameters()}
 
 
 @pytest.mark.parametrize('kw', SCHEME_STYLES, ids=SCHEME_IDS)
-@pytest.mark.parametrize('mode', ['jacobi', 'interleaved'])
+@pytest.mark.parametrize('mode', ['jacobi', 'interleaved', 'block'])
 def test_gradients_reach_every_parameter(kw, mode):
     m = make(**kw).train()
     idx, tgt = tokens(), tokens(seed=3)
-    _, loss = m(idx, tgt, mode=mode, n_iter=4, n_grad=2, n_subsets=2)
+    _, loss = m(idx, tgt, mode=mode, n_iter=4, n_grad=2, n_subsets=2, block_len=3)
     loss.backward()
     for n, p in m.named_parameters():
         assert p.grad is not None and p.grad.abs().max() > 0, n
@@ -252,6 +298,8 @@ def test_bad_scheme_arguments():
         m(tokens(), mode='jacobi', n_iter=2, n_grad=3)
     with pytest.raises(ValueError, match='n_subsets'):
         m(tokens(T=5), mode='interleaved', n_subsets=6)
+    with pytest.raises(ValueError, match='block_len'):
+        m(tokens(), mode='block', block_len=0)
 
 
 @pytest.mark.parametrize('kw', SCHEME_STYLES, ids=SCHEME_IDS)
@@ -290,6 +338,8 @@ def test_rec_mask_prompt_runs_plain(kw):
     T = idx.size(1)
     torch.testing.assert_close(m(idx, mode='jacobi', n_iter=T, n_grad=1, rec_mask=mask)[0], exact, **TOL)
     torch.testing.assert_close(m(idx, mode='interleaved', n_subsets=T, rec_mask=mask)[0], exact, **TOL)
+    torch.testing.assert_close(m(idx, mode='block', block_len=1, rec_mask=mask)[0], exact, **TOL)
+    torch.testing.assert_close(m(idx, mode='block', block_len=3, rec_mask=mask)[0], naive_block(m, idx, 3, mask), **TOL)
     # generation: plain prefill of the prompt, then the state, equals the masked exact model
     prompt = idx[:1, :4]
     out, logits = m.generate(prompt, 6, temperature=0, prefill='plain', return_logits=True)

@@ -1,0 +1,25 @@
+# The LSTM baseline (lstm.py) on the S3 word problem, for the comparison with the GPT, T2MLR and
+# LRT at the same parameter count: 4 LSTM layers (as the 4-layer GPT) of hidden size 81, whose
+# embedding and tied head are 81 wide too: 222,912 parameters against the d=64 GPT's 221,760
+# (the official S5-Retrieval baseline's rule: the transformer's layers, the hidden size that
+# matches its count; lstm.py). The same data, schedule and evaluation as config/s3_t2mlr.py;
+# its one forward is exact, so train_mode is 'plain' and approx = exact = zero-state.
+# Data: python prepare.py s5 --group=S3. Any task: compare.py's 'lstm' runs this with --dataset.
+# (The official recipe trains its LSTM at 10x the transformer's learning rate, 5e-3 vs 5e-4,
+# train_s5_retrieval_rnn_baseline.sh l.54; here both get 2e-3, an ablation's choice.)
+out_dir = 'out/s3_lstm'
+dataset = 's5_S3'
+arch = 'lstm'
+n_layer = 4
+n_embd = 81
+recurrence = 'none'
+train_mode = 'plain'
+batch_size = 32
+max_iters = 1500
+learning_rate = 2e-3
+min_lr = 2e-4
+warmup_iters = 50
+eval_interval = 250
+eval_examples = 1000
+eval_examples_mid = 200
+log_interval = 50
