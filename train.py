@@ -12,7 +12,8 @@ Reliability (README, "Reliability"): out_dir/ckpt.pt is the latest checkpoint, o
 the one with the best exact validation loss so far. A non-finite training loss, gradient
 norm or evaluation loss stops the run at once (exit 3) without saving. SIGINT (Ctrl-C) and
 SIGTERM finish the current step, save ckpt.pt at the step boundary and exit (130, 143):
---init_from=resume continues bit-identically to an uninterrupted run.
+--init_from=resume continues bit-identically to an uninterrupted run, on the run's own dataset
+only. A new run refuses an out_dir that holds one (ckpt.pt or best.pt): --overwrite=True replaces it.
 
 train_mode picks how the recurrence is made parallel for training (model.py):
   'plain'        no recurrence (the baseline; or a recurrent model's backbone alone)
