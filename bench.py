@@ -31,7 +31,7 @@ import statistics
 import sys
 import time
 
-from configurator import autocast, compile_errors, configure, fail
+from configurator import autocast, check_out_file, compile_errors, configure, fail
 
 # -----------------------------------------------------------------------------
 # config: every global below can be set by a config file or --key=value
@@ -105,6 +105,10 @@ if quick:
 config = {k: globals()[k] for k in config_keys}
 
 # fail fast, before minutes of timing, on anything the run would trip on at the end
+check_out_file('out', out)
+check_out_file('plot', plot)
+if prefill_ckpt and not os.path.isfile(prefill_ckpt):
+    fail(f"prefill_ckpt={prefill_ckpt}: no such file")
 if plot:
     try:
         import matplotlib
@@ -120,9 +124,16 @@ if dtype not in ('float32', 'bfloat16'):
 if D < 1 or not 0 <= B <= D or not 1 <= S <= seq_len:
     fail(f"need D >= 1, 0 <= B <= D, 1 <= S <= seq_len; got D={D}, B={B}, S={S}, seq_len={seq_len}")
 for _k in ('batch_size', 'seq_len', 'train_reps', 'decode_reps', 'prefill_reps', 'prefill_len',
-           'prefill_batch', 'prompt_len'):
+           'prefill_batch', 'prompt_len', 'vocab_size', 'n_layer', 'n_head', 'n_kv_head', 'n_embd', 'mem_vocab'):
     if globals()[_k] < 1:
         fail(f"{_k}={globals()[_k]} must be >= 1")
+for _k in ('train_warmup', 'mem_len'):
+    if globals()[_k] < 0:
+        fail(f"{_k}={globals()[_k]} must be >= 0")
+if prefill_tol < 0:  # the jacobi-tol rows iterate until no state moves by more than this
+    fail(f"prefill_tol={prefill_tol} must be >= 0")
+if mem_gpu_gib <= 0:
+    fail(f"mem_gpu_gib={mem_gpu_gib} must be > 0")
 if not decode_batches or not gen_lens or min(decode_batches + gen_lens) < 1:
     fail("decode_batches and gen_lens must be non-empty tuples of positive ints")
 if prefill_iters == -1:

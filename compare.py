@@ -119,7 +119,11 @@ MODELS = {
 }
 here = os.path.dirname(os.path.abspath(__file__))
 rd = results_dir or out_dir
-names, seed_list = models.split(','), [int(s) for s in seeds.split(',')]
+names = models.split(',')
+try:
+    seed_list = [int(s) for s in seeds.split(',')]
+except ValueError:
+    fail(f"seeds={seeds!r}: expected a comma list of integers, e.g. 1,2,3")
 for n in names:
     if n.split('@')[0] not in MODELS or ('@' in n and n.split('@')[1] not in MODELS):
         fail(f"unknown model {n!r}; expected some of {', '.join(MODELS)} (or A@B: A at B's training compute)")
@@ -167,14 +171,14 @@ def run(name, seed):
         print(f"{name} seed {seed}: already done, reusing {run_dir}")
         return done, json.load(open(os.path.join(run_dir, 'time.json')))['seconds']
     if os.path.exists(os.path.join(run_dir, 'log.jsonl')):
-        os.remove(os.path.join(run_dir, 'log.jsonl'))  # an interrupted run starts over
+        os.remove(os.path.join(run_dir, 'log.jsonl'))  # an interrupted run starts over (--overwrite=True below)
     cmd = [sys.executable, os.path.join(here, 'train.py')] + [os.path.join(here, a) if a.endswith('.py') else a
                                                              for a in MODELS[name.split('@')[0]]]
     every = curve_interval if curve_interval > 0 else config_value(name, 'eval_interval', steps) if text else steps
     cmd += [f'--data_root={data_root}', f'--dataset={dataset}', f'--out_dir={run_dir}', f'--seed={seed}',
             f'--max_iters={steps}', f'--eval_interval={every}', f'--lr_decay_iters={steps}',
             '--eval_first=False', '--eval_examples=1000', f'--eval_examples_mid={curve_examples}',
-            f'--gate_interval={max(1, steps // 30)}'] + quick_args + extra.split()
+            f'--gate_interval={max(1, steps // 30)}', '--overwrite=True'] + quick_args + extra.split()
     print(f"{name} seed {seed}: {' '.join(cmd[1:])}", flush=True)
     t0 = time.time()
     p = subprocess.run(cmd)

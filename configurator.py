@@ -28,6 +28,21 @@ def fail(msg, code=2):
     raise SystemExit(code)
 
 
+def check_out_file(key, path):
+    """An output file the script writes at the end (a picture, a JSON): its folder must exist
+    and be writable, and the path must not be a folder, or minutes of work end in a traceback.
+    Checked at start-up; one line naming the flag otherwise."""
+    if not path:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        fail(f"{key}={path} is a folder: give a file name")
+    if not os.path.isdir(folder):
+        fail(f"{key}={path}: the folder {folder} does not exist (create it first)")
+    if not os.access(folder, os.W_OK):
+        fail(f"{key}={path}: the folder {folder} is not writable")
+
+
 BOOL_WORDS = {'true': True, '1': True, 'yes': True, 'false': False, '0': False, 'no': False}
 
 

@@ -233,12 +233,13 @@ def prepare_hub(cfg, name):
                             f"`python prepare.py text --input=PATH`") from None
 
     out_dir = cfg['out_dir'] or os.path.join(DATA_DIR, name)
+    route = route_every(cfg['val_frac']) if val_split is None else None  # a bad --val_frac: before anything is deleted
     train = load(train_split)
     val = load(val_split) if val_split else None
     begin_dataset(out_dir)
     spec = ('gpt2',)
     if val is None:
-        streams = [(encoded_docs(iter_texts(train, what), spec, cfg['num_proc']), route_every(cfg['val_frac']))]
+        streams = [(encoded_docs(iter_texts(train, what), spec, cfg['num_proc']), route)]
     else:
         streams = [(encoded_docs(iter_texts(train, what), spec, cfg['num_proc']), lambda i: 'train'),
                    (encoded_docs(iter_texts(val, what), spec, cfg['num_proc']), lambda i: 'val')]

@@ -33,6 +33,8 @@ load_meta() also checks every file's size, so an interrupted run is never accept
 
 import json
 import os
+import re
+import sys
 import zlib
 
 import numpy as np
@@ -233,6 +235,14 @@ def get_tokenizer(meta):
     raise DataError(f"unknown tokenizer {kind!r} in meta.json of {meta['name']}")
 
 
+def missing_folder(name):
+    """A model or tokenizer name that can only be a local path (absolute, ./ or ~, more than one
+    '/', an existing file) but is no folder: not a Hub name, so not worth a download that fails."""
+    path = os.path.expanduser(name)
+    return not os.path.isdir(path) and (os.path.isabs(path) or name.startswith(('.', '~')) or name.count('/') > 1
+                                        or os.path.exists(path))
+
+
 def hf_tokenizer(name):
     """transformers.AutoTokenizer from a Hub name or a local folder; every failure is one line."""
     try:
@@ -241,7 +251,7 @@ def hf_tokenizer(name):
         raise DataError("pretrained tokenizers need the optional package transformers: pip install transformers") from None
     path = os.path.expanduser(name)
     local = os.path.isdir(path)
-    if not local and (os.path.isabs(path) or name.startswith(('.', '~')) or name.count('/') > 1 or os.path.exists(path)):
+    if missing_folder(name):
         raise DataError(f"no tokenizer folder at {name}")
     if not local:
         check_hub(f"the tokenizer {name}")
@@ -264,7 +274,8 @@ def dtype_for(vocab_size):
 
 def begin_dataset(out_dir):
     """Create out_dir and delete an old meta.json first: from here until the new meta.json
-    lands, the folder is not a dataset (a crash half-way leaves nothing loadable)."""
+    lands, the folder is not a dataset (a crash half-way leaves nothing loadable). Also removes
+    the temp files of writers that were killed (kill -9, OOM), which nothing else would."""
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:
@@ -273,6 +284,36 @@ def begin_dataset(out_dir):
         os.remove(os.path.join(out_dir, 'meta.json'))
     except FileNotFoundError:
         pass
+    for f in remove_stale_tmp(out_dir):
+        print(f"note: removed {f}, left by an interrupted prepare", file=sys.stderr)
+
+
+def remove_stale_tmp(folder):
+    """Delete AtomicFile's temp files (NAME.tmp.<pid>) in folder whose process is gone: a
+    writer killed by SIGKILL runs no cleanup. A live pid's file may be mid-write: kept. -> the removed paths."""
+    removed = []
+    for f in sorted(os.listdir(folder)):
+        m = re.fullmatch(r'.+\.(bin|json)\.tmp\.(\d+)', f)  # only what AtomicFile names: {split}.bin.tmp.<pid>, ...
+        if not m or pid_alive(int(m.group(2))):
+            continue
+        try:
+            os.remove(os.path.join(folder, f))
+            removed.append(os.path.join(folder, f))
+        except OSError:
+            pass
+    return removed
+
+
+def pid_alive(pid):
+    if pid == os.getpid():
+        return False  # our own leftover cannot be mid-write: begin_dataset runs before we write
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's live process
+    return True
 
 
 class AtomicFile:
@@ -339,21 +380,27 @@ def parse_lens(s, what):
         raise DataError(f"--{what}={s}: expected a comma list of integers, e.g. 48,64") from None
 
 
-def write_task(out_dir, cfg, name, itos, make_gen, sizes, **extra):
+def write_task(out_dir, cfg, name, itos, make_gen, sizes, row_len=None, **extra):
     """Write the splits of a synthetic task and its meta. sizes: [(split, n, length param)],
     make_gen(length param) -> generate(rng, rows) -> (x, y), two (rows, length) int arrays:
     token ids (indices into itos) and aligned labels (-1 = none). cfg: the options (saved
-    as meta 'args'; needs 'seed'). extra: more meta entries (e.g. task=...).
-    The size is checked against the free disk first (one line if it cannot fit), and a run
-    that fails or is interrupted (Ctrl-C, SIGTERM) removes what it wrote."""
+    as meta 'args'; needs 'seed'). row_len(length param) -> the row length, if the task knows
+    it (the built-in ones): the job is sized without generating anything; else one row of
+    each split is generated to tell. extra: more meta entries (e.g. task=...).
+    Everything is checked before anything is deleted or written: the seed, the row counts, and
+    the size against the free disk (one line if it cannot fit); a run that fails or is
+    interrupted (Ctrl-C, SIGTERM) removes what it wrote."""
     dtype = dtype_for(len(itos))
+    if not isinstance(cfg['seed'], int) or cfg['seed'] < 0:  # numpy's rng would refuse it only after the old data is gone
+        raise DataError(f"--seed={cfg['seed']}: must be an integer >= 0")
     need, masked = 0, False
-    for split, n, param in sizes:  # one row of each split tells its length (and whether it has a mask)
+    for i, (split, n, param) in enumerate(sizes):
         if n < 1:
             raise DataError(f"split {split} needs at least 1 row, got n={n}")
-        row = make_gen(param)(np.random.default_rng(0), 1)
-        masked = len(row) == 3
-        need += n * row[0].shape[1] * (np.dtype(dtype).itemsize + 4 + masked)
+        if row_len is None or i == 0:  # one row tells the length (and whether rows carry a mask)
+            row = make_gen(min(p for _, _, p in sizes) if row_len else param)(np.random.default_rng(0), 1)
+            masked = len(row) == 3
+        need += n * (row_len(param) if row_len else row[0].shape[1]) * (np.dtype(dtype).itemsize + 4 + masked)
     os.makedirs(out_dir, exist_ok=True)
     import shutil
     free = shutil.disk_usage(out_dir).free

@@ -81,6 +81,12 @@ class GPTConfig:
             (0 <= self.lrt_gate_channels <= self.n_embd,
              f"lrt_gate_channels={self.lrt_gate_channels} must be in 0..n_embd={self.n_embd} (0 = all channels)"),
             (self.attn_window >= 0, f"attn_window={self.attn_window} must be >= 0 (0 = full causal attention)"),
+            # a vocab_pad far past any real vocabulary only allocates rows that are never used (1e9: out of memory)
+            (self.vocab_pad <= 4096, f"vocab_pad={self.vocab_pad} must be in 1..4096 (128 is the usual)"),
+            # norm_eps <= 0 or rope_theta <= 0 make NaNs on the first step, which read as a diverged learning rate
+            (self.norm_eps > 0, f"norm_eps={self.norm_eps} must be > 0"),
+            (self.rope_theta > 0, f"rope_theta={self.rope_theta} must be > 0"),
+            (self.rec_gate_gain >= 0, f"rec_gate_gain={self.rec_gate_gain} must be >= 0 (a xavier gain)"),
             (0.0 <= self.dropout < 1.0, f"dropout={self.dropout} must be in [0, 1)"),
             (0 < self.rec_scale_min <= self.rec_scale_max,
              f"rec_scale_min={self.rec_scale_min}, rec_scale_max={self.rec_scale_max}: need 0 < min <= max"),
@@ -691,6 +697,11 @@ class GPT(nn.Module):
         compile: True or a mode ('reduce-overhead': CUDA graphs): the same steps compiled, over one
         KV cache per shape kept across calls, so a CUDA graph recorded once replays."""
         B, T0 = idx.shape
+        check_sampling(temperature, top_k)
+        if prefill == 'jacobi' and not prefill_iters >= 1:  # 0 or less: a negative pass count, no prefill at all
+            raise ValueError(f"prefill_iters={prefill_iters} must be >= 1")
+        if prefill_tol is not None and not prefill_tol >= 0:
+            raise ValueError(f"prefill_tol={prefill_tol} must be >= 0 (or None: prefill_iters passes)")
         if T0 + max_new_tokens > self.config.block_size:
             raise ValueError(f"prompt {T0} + {max_new_tokens} new tokens exceeds block_size {self.config.block_size}")
         cache = KVCache(self.config.n_layer, T0 + max_new_tokens)
@@ -757,8 +768,18 @@ def ce_loss(logits, targets):
     return F.cross_entropy(logits, targets, ignore_index=-1, reduction='sum') / n
 
 
+def check_sampling(temperature, top_k):
+    """temperature >= 0 (0 = greedy; a negative one samples the inverted distribution) and top_k
+    None or >= 1 (0 or less is no filter at all, or a torch.topk error): a ValueError otherwise."""
+    if not temperature >= 0:
+        raise ValueError(f"temperature={temperature} must be >= 0 (0 = greedy)")
+    if top_k is not None and not top_k >= 1:
+        raise ValueError(f"top_k={top_k!r} must be None (no top-k filter) or an int >= 1")
+
+
 def sample(logits, temperature=1.0, top_k=None, generator=None):
     """logits: (B, V) -> (B, 1) token ids. temperature 0 = greedy (argmax)."""
+    check_sampling(temperature, top_k)
     if temperature == 0:
         return logits.argmax(-1, keepdim=True)
     logits = logits.float() / temperature

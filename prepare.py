@@ -44,6 +44,30 @@ DATASETS = {  # name: (its options with their defaults, the function that writes
 }
 
 
+# the least value of every count, length and seed option (of whichever datasets have it): checked
+# before anything is deleted or generated. A negative seed used to be refused by numpy only after
+# the old dataset's meta.json was gone; a negative --max_files sliced from the end
+MINIMUM = dict(seed=0, n_train=1, n_val=1, n_test=1, train_len=1, n_actions=1, k=1, depth=0, n_chains=1, n_branch=0,
+               n_vars=1, num_proc=1, max_tokens=0, max_files=0, hold_out_every=3, max_len=1, n_records=1, digits=1)
+LISTS = dict(test_lens=1, test_actions=1, test_depths=0)  # comma lists of lengths
+
+
+def check_args(cfg):
+    """One line (exit 2) for an option out of its range; the datasets check the rest (group names,
+    the row lengths and the disk) before they delete or write anything."""
+    for k, least in MINIMUM.items():
+        if k in cfg and cfg[k] < least:
+            fail(f"--{k}={cfg[k]}: must be >= {least}")
+    for k, least in LISTS.items():
+        if k in cfg:
+            try:
+                lens = [int(v) for v in cfg[k].split(',') if v.strip()]
+            except ValueError:
+                fail(f"--{k}={cfg[k]}: expected a comma list of integers, e.g. 48,64")
+            if lens and min(lens) < least:
+                fail(f"--{k}={cfg[k]}: every length must be >= {least}")
+
+
 def main(argv):
     if not argv or argv[0] in ('-h', '--help'):
         print(__doc__.strip())
@@ -54,6 +78,7 @@ def main(argv):
     defaults, prepare = DATASETS[name]
     cfg = dict(defaults)
     configure(cfg, defaults, argv[1:], doc=f"python prepare.py {name} [--key=value ...]\n\n{prepare.__doc__ or ''}")
+    check_args(cfg)
     # SIGTERM as Ctrl-C: the writers' cleanup runs, nothing half-written stays behind
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:

@@ -50,8 +50,9 @@ import numpy as np
 import torch
 
 from checkpoint import CheckpointError, from_pretrained, load_checkpoint
-from configurator import autocast, compile_errors, configure, fail
-from dataset import check_hub, data_fingerprint, get_tokenizer, load_answers, load_meta, load_rec_mask, load_split
+from configurator import autocast, check_out_file, compile_errors, configure, fail
+from dataset import (check_hub, data_fingerprint, get_tokenizer, load_answers, load_meta, load_rec_mask, load_split,
+                     missing_folder, short)
 from diagnostics import corpus_loss, plot_trace, task_accuracy, trace_values
 from model import GPT, GPTConfig
 from sft import extract_answer
@@ -101,6 +102,8 @@ def load_model(init_from, out_dir, device, which='latest'):
     if init_from == 'scratch':
         return None, {}
     if init_from != 'resume' and not init_from.endswith('.pt'):
+        if missing_folder(init_from):  # not a Hub download that fails
+            fail(f"init_from={init_from}: no such folder (a local path; a Hugging Face name is owner/name)")
         if not os.path.isdir(os.path.expanduser(init_from)):
             check_hub(f"the model {init_from}")  # a network that never answers: one line, not a hang
         try:  # a pretrained Hugging Face model, recurrence off: the baseline a retrofit starts from
@@ -347,18 +350,29 @@ def run_profile(model, data_dir, meta, path, label):
     with open(json_path, 'w') as f:
         json.dump({'label': label, 'split': profile_split, 'T': T, 'rows': rows}, f)
     print(f"wrote {json_path}", file=sys.stderr)
-    profiles = {label: rows}
-    for other in [p for p in profile_with.split(',') if p]:
-        if not os.path.isfile(other):
-            fail(f"profile_with: no file {other}")
-        with open(other) as f:
-            o = json.load(f)
-        profiles[o['label']] = o['rows']
+    profiles = {label: rows, **read_profiles(profile_with)}
     try:
         plot_jacobi_profile(profiles, path, T)
         print(f"wrote {path}", file=sys.stderr)
     except ImportError:
         print("matplotlib is not installed: no picture (pip install matplotlib)", file=sys.stderr)
+
+
+def read_profiles(paths):
+    """--profile_with: {label: rows} of the profiles that --jacobi_profile wrote (FILE.json),
+    comma-separated; a missing or foreign file is one line (read once at start-up, before any work)."""
+    import json
+    profiles = {}
+    for other in [p for p in paths.split(',') if p]:
+        if not os.path.isfile(other):
+            fail(f"profile_with: no file {other}")
+        try:
+            with open(other) as f:
+                o = json.load(f)
+            profiles[o['label']] = o['rows']
+        except (ValueError, KeyError, TypeError) as e:  # (UnicodeDecodeError is a ValueError)
+            fail(f"profile_with: {other} is not a profile written by --jacobi_profile ({short(e)})")
+    return profiles
 
 
 def run_trace(model, ids, labels, path, title):
@@ -407,6 +421,15 @@ if __name__ == '__main__':
         fail(f"top_k={top_k}: must be >= 1, or 0 for no top-k filter")
     if ckpt not in ('latest', 'best'):
         fail(f"ckpt={ckpt!r}: expected 'latest' (out_dir/ckpt.pt) or 'best' (out_dir/best.pt)")
+    if prefill_iters < 1:
+        fail(f"prefill_iters={prefill_iters}: must be >= 1 (Jacobi passes over the prompt)")
+    if profile_rows < 1:
+        fail(f"profile_rows={profile_rows}: must be >= 1 (the first rows of profile_split)")
+    if attn_window < -1:
+        fail(f"attn_window={attn_window}: must be >= 0 (0 = full attention), or -1 for the model's own")
+    check_out_file('trace', trace)  # the picture and its .json (same folder) are written after the work
+    check_out_file('jacobi_profile', jacobi_profile)
+    read_profiles(profile_with)
     torch.manual_seed(seed)
     device_type = 'cuda' if device.startswith('cuda') else 'cpu'
     ctx = autocast(device_type, dtype)
@@ -434,6 +457,8 @@ if __name__ == '__main__':
     if not eval_split:
         encode, decode = get_tokenizer(meta)  # before building anything: gpt2 offline fails here
     prefill = prefill or ('plain' if meta.get('rec_mask') else 'exact')  # as the model was trained
+    if prefill_tol >= 0 and prefill != 'jacobi':  # it would be ignored
+        fail(f"prefill_tol={prefill_tol} applies to prefill='jacobi' only (prefill is {prefill!r})")
     if model is None:
         model = scratch_model(meta, device)
     if meta['vocab_size'] > model.config.vocab_size:

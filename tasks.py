@@ -13,7 +13,18 @@ import string
 
 import numpy as np
 
+from configurator import fail
 from dataset import DATA_DIR, DataError, parse_lens, task_sizes, write_task
+
+# A row is one training or test sequence. Longer ones are no task a model here trains on, and
+# a chunk of 4096 of them would not fit in memory (1e7 tokens a row: hours, then out of memory)
+MAX_ROW_LEN = 8192
+
+
+def check_row_len(flags, T):
+    """A row length from the options, computed before anything is generated: one line past MAX_ROW_LEN."""
+    if T > MAX_ROW_LEN:
+        fail(f"{flags}: rows of {T:,} tokens; at most {MAX_ROW_LEN:,}")
 
 # -----------------------------------------------------------------------------
 # finite groups, for the state tracking tasks
@@ -74,6 +85,7 @@ def prepare_s5(cfg):
     lens = [cfg['train_len']] + parse_lens(cfg['test_lens'], 'test_lens')
     if min(lens) < 1:
         raise DataError(f"s5 needs rows of at least 1 token: --train_len={cfg['train_len']} --test_lens={cfg['test_lens']}")
+    check_row_len(f"--train_len={cfg['train_len']} --test_lens={cfg['test_lens']}", max(lens))
 
     def make_gen(T):
         def generate(rng, rows):
@@ -83,7 +95,7 @@ def prepare_s5(cfg):
 
     name = f"s5_{cfg['group']}"
     out_dir = cfg['out_dir'] or os.path.join(DATA_DIR, name)
-    write_task(out_dir, cfg, name, names, make_gen, task_sizes(cfg, lens[0], lens[1:]),
+    write_task(out_dir, cfg, name, names, make_gen, task_sizes(cfg, lens[0], lens[1:]), row_len=lambda T: T,
                task=dict(name='s5', group=cfg['group']))
     return out_dir
 
@@ -123,9 +135,13 @@ def prepare_s5_retrieval(cfg):
         raise DataError(f"s5_retrieval needs at least 1 move: --n_actions={cfg['n_actions']} --test_actions={cfg['test_actions']}")
     C0, SEP, BLANK = G, G + len(VALUE_CHARS), G + len(VALUE_CHARS) + 1  # ids of the first value character, '|', '_'
     itos = names + list(VALUE_CHARS) + ['|', '_']
+    entries = lambda A: G if layout == 'state' else min(A, G)  # dictionary entries
+    row_len = lambda A: (entries(A) + A) * (k + 1) + 1  # the dictionary, '|', the moves and their blanks
+    check_row_len(f"--n_actions={cfg['n_actions']} --test_actions={cfg['test_actions']} --k={k} (group {cfg['group']})",
+                  row_len(max(moves_per_split)))
 
     def make_gen(A):
-        D = G if layout == 'state' else min(A, G)  # dictionary entries
+        D = entries(A)
 
         def generate(rng, rows):
             moves = rng.integers(0, G, size=(rows, A))
@@ -155,7 +171,7 @@ def prepare_s5_retrieval(cfg):
     name = f"s5_retrieval_{cfg['group']}" + ('_state' if layout == 'state' else '')
     out_dir = cfg['out_dir'] or os.path.join(DATA_DIR, name)
     sizes = task_sizes(cfg, moves_per_split[0], moves_per_split[1:])
-    write_task(out_dir, cfg, name, itos, make_gen, sizes,
+    write_task(out_dir, cfg, name, itos, make_gen, sizes, row_len=row_len,
                task=dict(name='s5_retrieval', group=cfg['group'], k=k, layout=layout))
     return out_dir
 
@@ -286,7 +302,8 @@ def prepare_varassign(cfg):
         return generate
 
     out_dir = cfg['out_dir'] or os.path.join(DATA_DIR, 'varassign')
-    write_task(out_dir, cfg, 'varassign', itos, make_gen, task_sizes(cfg, depths[0], depths[1:]))
+    write_task(out_dir, cfg, 'varassign', itos, make_gen, task_sizes(cfg, depths[0], depths[1:]),
+               row_len=lambda D: 4 * (C * (D + 1) + nb) + 2)  # (n_vars <= 702 keeps rows short)
     return out_dir
 
 # -----------------------------------------------------------------------------

@@ -13,7 +13,8 @@ Reliability (README, "Reliability"): out_dir/ckpt.pt is the latest checkpoint, o
 the one with the best exact validation loss so far. A non-finite training loss, gradient
 norm or evaluation loss stops the run at once (exit 3) without saving. SIGINT (Ctrl-C) and
 SIGTERM finish the current step, save ckpt.pt at the step boundary and exit (130, 143):
---init_from=resume continues bit-identically to an uninterrupted run.
+--init_from=resume continues bit-identically to an uninterrupted run, on the run's own dataset
+only. A new run refuses an out_dir that holds one (ckpt.pt or best.pt): --overwrite=True replaces it.
 
 train_mode picks how the recurrence is made parallel for training (model.py):
   'plain'        no recurrence (the baseline; or a recurrent model's backbone alone)
@@ -35,6 +36,7 @@ gsm8k) carries a per-position recurrence mask: the prompt runs as the plain mode
 response carries the state, in training and in both evaluations, as in generation.
 """
 
+import importlib.util
 import json
 import math
 import os
@@ -52,7 +54,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from checkpoint import CheckpointError, build_model, from_pretrained, load_checkpoint, remove_stale_tmp, save_checkpoint
 from configurator import autocast as precision, compile_errors, configure, fail
-from dataset import check_hub, data_fingerprint, load_meta, load_rec_mask, load_split
+from dataset import check_hub, data_fingerprint, load_meta, load_rec_mask, load_split, missing_folder
 from diagnostics import gate_stats, task_accuracy
 from flops import flops_per_token
 from model import GPT, GPTConfig, check_scheme
@@ -76,6 +78,7 @@ gate_interval = 0        # log the gate statistics (one exact pass of gate_rows 
 gate_rows = 8            # val rows of that pass (cheap enough to leave on)
 always_save_checkpoint = True
 init_from = 'scratch'    # 'scratch' | 'resume' (out_dir/ckpt.pt) | a Hugging Face Llama name or folder (retrofit)
+overwrite = False        # True: a new run may replace the run in out_dir (its ckpt.pt, best.pt, log.jsonl); else refused
 seed = 1337
 wandb_log = False
 wandb_project = 't2t-recurrence'
@@ -182,8 +185,29 @@ def check_config():
             fail(f"{k}={globals()[k]}: must be >= 0")
     if ddp_timeout <= 0:
         fail(f"ddp_timeout={ddp_timeout}: must be > 0 (seconds)")
+    for k in ('beta1', 'beta2'):  # AdamW's own check is a traceback
+        if not 0 <= globals()[k] < 1:
+            fail(f"{k}={globals()[k]}: must be in [0, 1)")
+    if rec_lr_mult < 0:  # a negative multiplier is gradient ascent on the recurrence
+        fail(f"rec_lr_mult={rec_lr_mult}: must be >= 0 (0 freezes the recurrence's own parameters)")
+    if rec_gate_gain < 0:
+        fail(f"rec_gate_gain={rec_gate_gain}: must be >= 0 (0 = auto: 1.0 from scratch, 1e-2 retrofit)")
     if device.startswith('cuda') and not torch.cuda.is_available():
         fail(f"device={device} but torch.cuda.is_available() is False (use --device=cpu)")
+    if wandb_log and importlib.util.find_spec('wandb') is None:  # not at the first log, minutes in
+        fail("wandb_log=True but wandb is not installed (pip install wandb, or --wandb_log=False)")
+    if init_from not in ('scratch', 'resume') and missing_folder(init_from):  # not a Hub download that fails
+        fail(f"init_from={init_from}: no such folder (a local path; a Hugging Face name is owner/name)")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        fail(f"out_dir={out_dir} is a file, not a folder")
+    # a new run in the folder of another would replace its ckpt.pt and best.pt at its first save
+    old = [f for f in ('ckpt.pt', 'best.pt') if os.path.isfile(os.path.join(out_dir, f))]
+    if old and init_from != 'resume' and not overwrite and not eval_only:
+        fail(f"out_dir={out_dir} holds a run ({' and '.join(old)}): continue it with --init_from=resume, "
+             f"start a new one in another --out_dir, or replace it with --overwrite=True")
+    if recompute and train_mode == 'plain' and int(os.environ.get('RANK', 0)) == 0:
+        print("note: recompute=True does nothing with train_mode='plain' (it recomputes the Jacobi and "
+              "interleaved passes in backward)")
 
 
 check_config()
@@ -217,7 +241,10 @@ if device_type == 'cuda':
 ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16, 'float64': torch.float64}[dtype]
 autocast = precision(device_type, dtype)  # bf16/fp16: autocast over fp32 weights; float64 (tests) converts the weights
 if master:
-    os.makedirs(out_dir, exist_ok=True)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:  # a path through a file, no permission
+        fail(f"out_dir={out_dir}: cannot create the folder ({e.strerror})")
 
 # SIGINT (Ctrl-C) and SIGTERM (what schedulers send before preemption) only set a flag: the
 # loop finishes the step it is in and saves at the step boundary, so the checkpoint never
@@ -374,6 +401,12 @@ try:
         model = build_model(dict(model_args, arch=arch))
     elif init_from == 'resume':
         model, ckpt = load_checkpoint(ckpt_path)
+        trained_on, now = ckpt.get('data'), data_fingerprint(meta)
+        if trained_on and trained_on != now:  # same vocab size or not: another dataset is another run
+            fail(f"{ckpt_path} was trained on dataset {trained_on['name']} ({trained_on['tokenizer']}, "
+                 f"{trained_on['vocab_size']} tokens), not on {dataset} ({now['name']}, {now['tokenizer']}, "
+                 f"{now['vocab_size']} tokens{', another vocabulary' if trained_on['vocab_crc'] != now['vocab_crc'] else ''}): "
+                 f"resume it on its own dataset, or start a new run (another --out_dir, or --overwrite=True)")
         pretrained = ckpt.get('pretrained')
         resume_notes(ckpt['model_args'], model_args, pretrained)
         model_args = ckpt['model_args']
@@ -419,6 +452,12 @@ if ckpt is not None:
             torch.cuda.set_rng_state(ckpt['rng']['cuda'])
     except (KeyError, ValueError, RuntimeError) as e:
         fail(f"{ckpt_path}: cannot resume the optimizer/data state ({type(e).__name__}: {e})")
+if overwrite and init_from != 'resume' and not eval_only and master:  # every check passed: the old run goes now
+    gone = [f for f in ('ckpt.pt', 'best.pt', 'log.jsonl') if os.path.isfile(os.path.join(out_dir, f))]
+    for f in gone:  # (its log too: a new run's records must not follow an old run's)
+        os.remove(os.path.join(out_dir, f))
+    if gone:
+        print(f"note: overwrite=True: removed the previous run's {', '.join(gone)} from {out_dir}")
 scaler = torch.amp.GradScaler(device_type, enabled=ptdtype == torch.float16)
 if compile:
     print(f"compiling the model ({compile_backend})...")

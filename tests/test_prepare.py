@@ -199,7 +199,7 @@ def test_cli_errors_are_one_line(tmp_path):
     cases = [(['s5', '--nope=1'], 2, "unknown config key 'nope'"),
              (['s5', '--n_train=many'], 2, "n_train must be int, got str 'many'"),
              (['s5', 'group=S5'], 2, 'no config file group=S5'),
-             (['s5', '--train_len=0', f'--out_dir={tmp_path}/z'], 1, 's5 needs rows of at least 1 token'),
+             (['s5', '--train_len=0', f'--out_dir={tmp_path}/z'], 2, '--train_len=0: must be >= 1'),
              (['s5', '--n_train=1e12', f'--out_dir={tmp_path}/big'], 1, 'GiB free'),
              (['imagenet'], 2, "unknown dataset 'imagenet'"),
              (['s5', '--group=Q8', f'--out_dir={tmp_path}/q'], 1, "unknown group 'Q8'"),

@@ -40,7 +40,7 @@ sec "2. the tests that touch CUDA paths, on the CPU as CI runs them (they pin --
 timeout -k 10 120 $PY -m pytest -q -x -p no:cacheprovider tests/test_gpu_ready.py tests/test_decode.py 2>&1 | tail -3
 sec "3. t2mlr_small on cuda, bf16, torch.compile (Jacobi D=8, B=4); then torchrun x2 (NCCL) if >= 2 GPUs"
 $PY prepare.py s5 --group=Z2 --out_dir="$D/s5_Z2" | tail -1
-SMALL="config/t2mlr_small.py --data_root=$D --device=cuda --compile=True --eval_first=False --eval_iters=2 --eval_exact_iters=1 --eval_examples=64 --log_interval=25"
+SMALL="config/t2mlr_small.py --data_root=$D --overwrite=True --device=cuda --compile=True --eval_first=False --eval_iters=2 --eval_exact_iters=1 --eval_examples=64 --log_interval=25"
 timeout -k 10 90 $PY train.py $SMALL --out_dir="$L/small" --max_iters=100 --eval_interval=100 2>&1 | grep -E "^iter|eval step|test|rror" | tail -5
 if [ "$NG" -ge 2 ]; then timeout -k 10 120 $PY -m torch.distributed.run --standalone --nproc_per_node=2 train.py $SMALL --out_dir="$L/ddp" \
   --max_iters=50 --eval_interval=50 --gradient_accumulation_steps=2 2>&1 | grep -E "^iter|eval step|rror" | tail -4; else echo "torchrun: skipped ($NG GPU)"; fi
@@ -53,7 +53,7 @@ $PY -c "import sys, os, numpy as np; from corpora import write_token_meta as w; 
 os.makedirs(d, exist_ok=True); [(lambda a: (a.__setitem__(slice(None, None, 1000), 50256), a.tofile(f'{d}/{s}.bin')))(r.integers(0, 50256, n[s], dtype=np.uint16)) for s in n]
 w(d, 'fineweb_edu', {s: (n[s], 4 * n[s]) for s in n}, 'gpt2', 50257, None, {})" "$D/fineweb_edu"
 run135() {  # config, timeout, steps -> last log line, peak memory, wall time incl. the final eval + save
-timeout -k 10 "$2" $PY - "config/$1.py" --data_root="$D" --out_dir="$L/o_$1" --batch_size=4 --gradient_accumulation_steps=1 --max_iters="$3" \
+timeout -k 10 "$2" $PY - "config/$1.py" --data_root="$D" --out_dir="$L/o_$1" --overwrite=True --batch_size=4 --gradient_accumulation_steps=1 --max_iters="$3" \
   --warmup_iters=10 --eval_first=False --eval_iters=2 --eval_exact_iters=1 --log_interval=25 --compile="${C135:-False}" <<'EOF' 2>&1 | tee "$L/$1.log" | grep -E "^iter|eval step|PEAK|rror" | tail -3
 import runpy, sys, time, torch; sys.argv, t = ['train.py'] + sys.argv[1:], time.time()
 try: runpy.run_path('train.py', run_name='__main__')

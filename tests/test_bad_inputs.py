@@ -1,0 +1,260 @@
+"""The bad-input probe, kept: every input below once lost a run or a dataset, hung, did the wrong
+thing silently, or ended in a traceback. Each must now be one line (exit 2, naming the flag) or
+the right behaviour, and the two that lost data must leave the finished run / the good dataset
+as it was.
+
+train.py and sample.py run in this process (test_reliability.in_process), prepare.py through
+its main(); bench.py and compare.py fail before they import torch, so they run as processes."""
+
+import contextlib
+import importlib.util
+import io
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import prepare
+from dataset import load_meta
+from model import GPT, GPTConfig
+from test_reliability import in_process
+from test_train import ROOT, TINY
+
+RUN = ['--max_iters=2', '--eval_interval=2', '--eval_first=False', '--n_iter=2', '--n_grad=1']
+SIZES = ['--n_train=64', '--n_val=8', '--n_test=8', '--train_len=8', '--test_lens=12']
+
+
+def prep(*argv):
+    """prepare.py argv in this process -> (exit code, stderr), as `python prepare.py argv` would end."""
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            prepare.main([str(a) for a in argv])
+    except SystemExit as e:
+        if isinstance(e.code, str):  # a DataError: the interpreter prints its message, exit 1
+            return 1, err.getvalue() + e.code + '\n'
+        return e.code, err.getvalue()
+    return 0, err.getvalue()
+
+
+def snapshot(folder):
+    return {f: open(os.path.join(folder, f), 'rb').read() for f in sorted(os.listdir(folder))}
+
+
+@pytest.fixture(scope='module')
+def world(tmp_path_factory):
+    """Two tiny datasets with the same vocabulary size (parity Z2 and S2: 2 tokens each) and a
+    finished 2-step run on Z2 (ckpt.pt, best.pt, log.jsonl)."""
+    root = tmp_path_factory.mktemp('bad')
+    for group in ('Z2', 'S2'):
+        assert prep('s5', f'--group={group}', *SIZES, f'--out_dir={root}/data/s5_{group}')[0] == 0
+    in_process('train.py', train_args(root, root / 'run'), root, check=True)
+    return root
+
+
+def train_args(root, out, *extra, dataset='s5_Z2'):
+    return TINY + [f'--data_root={root}/data', f'--dataset={dataset}', f'--out_dir={out}', *RUN, *extra]
+
+
+def one_line(code, err, *words):
+    """exit 2, one 'error:' line naming what was wrong, no traceback."""
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith('error: '), (code, err)
+    assert 'Traceback' not in err and all(w in lines[0] for w in words), err
+    return lines[0]
+
+# -----------------------------------------------------------------------------
+# losses: a finished run and a good dataset stay as they were
+
+
+def test_new_run_over_a_finished_run_is_refused(world, tmp_path):
+    before = snapshot(world / 'run')
+    assert {'ckpt.pt', 'best.pt', 'log.jsonl'} <= set(before)
+    code, out, err = in_process('train.py', train_args(world, world / 'run'), world)
+    one_line(code, err, 'holds a run', 'ckpt.pt and best.pt', '--init_from=resume', '--overwrite=True')
+    assert snapshot(world / 'run') == before and 'parameters' not in out
+    # --overwrite=True replaces it: the old files go only once every check has passed, and the
+    # log holds the new run's records alone
+    for f in before:
+        (tmp_path / f).write_bytes(before[f])
+    code, out, err = in_process('train.py', train_args(world, tmp_path, '--overwrite=True', '--norm_eps=0'), world)
+    one_line(code, err, 'norm_eps=0.0')
+    assert snapshot(tmp_path) == before  # a bad setting after the flag: still nothing removed
+    _, out, _ = in_process('train.py', train_args(world, tmp_path, '--overwrite=True', '--seed=7'), world, check=True)
+    assert "note: overwrite=True: removed the previous run's ckpt.pt, best.pt, log.jsonl" in out
+    new = torch.load(tmp_path / 'ckpt.pt', weights_only=False)
+    assert new['config']['seed'] == 7 and new['iter_num'] == 2
+    assert open(tmp_path / 'log.jsonl').read().count('"type": "eval"') == 1
+
+
+def test_resume_on_another_dataset_of_the_same_vocab_size_is_refused(world):
+    before = snapshot(world / 'run')
+    code, out, err = in_process('train.py', train_args(world, world / 'run', '--init_from=resume', '--max_iters=4',
+                                                       dataset='s5_S2'), world)
+    one_line(code, err, 'trained on dataset s5_Z2', 's5_S2', 'another vocabulary', '--overwrite=True')
+    assert snapshot(world / 'run') == before
+
+
+@pytest.mark.parametrize('argv', [['s5', '--seed=-1'], ['s5_retrieval', '--seed=-7']])
+def test_bad_seed_keeps_the_good_dataset(world, argv):
+    data = world / 'data' / 's5_Z2'
+    before = snapshot(data)
+    one_line(*prep(*argv, f'--out_dir={data}'), f'{argv[1]}: must be >= 0')
+    assert snapshot(data) == before and load_meta(str(data))['splits']['train']['n'] == 64
+
+# -----------------------------------------------------------------------------
+# hangs: sized arithmetically, refused in well under a second
+
+
+@pytest.mark.parametrize('argv,flag', [(['s5', '--train_len=1e7'], '--train_len=10000000'),
+                                       (['s5', '--train_len=1e8'], '--train_len=100000000'),
+                                       (['s5', '--train_len=1e9'], '--train_len=1000000000'),
+                                       (['s5', '--test_lens=48,1000000'], '--test_lens=48,1000000'),
+                                       (['s5_retrieval', '--n_actions=1e8'], '--n_actions=100000000'),
+                                       (['s5_retrieval', '--n_actions=32', '--k=100000'], '--k=100000')])
+def test_huge_rows_fail_fast(world, tmp_path, argv, flag):
+    t = time.time()
+    one_line(*prep(*argv, f'--out_dir={tmp_path}/d'), flag, 'tokens; at most 8,192')
+    assert time.time() - t < 5 and not os.path.exists(tmp_path / 'd')
+
+
+def test_disk_size_is_arithmetic(tmp_path, monkeypatch):
+    # a huge split is refused from its row length alone: the generator is asked for one short row
+    calls = []
+    import tasks
+    real = tasks.running_product
+    monkeypatch.setattr(tasks, 'running_product', lambda mul, x: calls.append(x.shape) or real(mul, x))
+    code, err = prep('s5', '--n_train=1e12', '--train_len=8192', f'--out_dir={tmp_path}/big')
+    assert code == 1 and 'GiB free' in err and calls == [(1, 48)]  # one row of the shortest split
+
+# -----------------------------------------------------------------------------
+# every other bad setting: one line, exit 2, before any model is built
+
+
+@pytest.mark.parametrize('args,words', [
+    (['--beta1=2'], ['beta1=2.0', '[0, 1)']),
+    (['--beta2=-0.5'], ['beta2=-0.5']),
+    (['--rec_gate_gain=-1'], ['rec_gate_gain=-1.0', '>= 0']),
+    (['--rec_lr_mult=-1'], ['rec_lr_mult=-1.0', '>= 0']),
+    (['--vocab_pad=1e9'], ['vocab_pad=1000000000', '1..4096']),
+    (['--norm_eps=-1'], ['norm_eps=-1.0', '> 0']),  # once a divergence blamed on the learning rate
+    (['--rope_theta=0'], ['rope_theta=0.0', '> 0']),
+    (['--init_from=/a/local/path'], ['init_from=/a/local/path', 'no such folder']),  # once "could not fetch from the Hub"
+    (['--init_from=./nowhere'], ['init_from=./nowhere', 'no such folder']),
+    (['--wandb_log=True'], ['wandb_log=True', 'not installed']),
+])
+def test_train_bad_setting(world, tmp_path, args, words):
+    if args == ['--wandb_log=True'] and importlib.util.find_spec('wandb') is not None:
+        pytest.skip('wandb is installed here')
+    code, out, err = in_process('train.py', train_args(world, tmp_path / 'out', *args), world)
+    one_line(code, err, *words)
+    assert 'parameters' not in out and not os.path.exists(tmp_path / 'out' / 'ckpt.pt')
+
+
+def test_train_out_dir_is_a_file(world, tmp_path):
+    (tmp_path / 'f').write_text('a file')
+    code, _, err = in_process('train.py', train_args(world, tmp_path / 'f'), world)
+    one_line(code, err, f'out_dir={tmp_path}/f is a file')
+    code, _, err = in_process('train.py', train_args(world, tmp_path / 'f' / 'sub'), world)
+    one_line(code, err, f'out_dir={tmp_path}/f/sub', 'cannot create')
+
+
+def test_recompute_in_plain_mode_is_noted(world, tmp_path):
+    _, out, _ = in_process('train.py', train_args(world, tmp_path, '--recurrence=none', '--train_mode=plain',
+                                                  '--recompute=True', '--max_iters=0'), world, check=True)
+    assert "note: recompute=True does nothing with train_mode='plain'" in out
+
+
+@pytest.mark.parametrize('args,words', [
+    (['--prefill=exact', '--prefill_tol=0.1'], ["prefill_tol=0.1 applies to prefill='jacobi' only"]),
+    (['--prefill_tol=0.1'], ["prefill_tol=0.1", "(prefill is 'exact')"]),  # the default prefill of task data
+    (['--prefill=jacobi', '--prefill_iters=0'], ['prefill_iters=0', '>= 1']),
+    (['--prefill_iters=-3'], ['prefill_iters=-3', '>= 1']),
+    (['--profile_rows=-5'], ['profile_rows=-5', '>= 1']),
+    (['--profile_rows=0'], ['profile_rows=0', '>= 1']),
+    (['--attn_window=-7'], ['attn_window=-7', '-1 for the model']),
+    (['--jacobi_profile=missing/p.png'], ['jacobi_profile=missing/p.png', 'does not exist']),
+    (['--trace=missing/t.png'], ['trace=missing/t.png', 'does not exist']),
+    (['--jacobi_profile=p.png', '--profile_with=notes.txt'], ['profile_with: notes.txt is not a profile']),
+    (['--init_from=/a/local/path'], ['init_from=/a/local/path', 'no such folder']),
+])
+def test_sample_bad_setting(world, tmp_path, args, words):
+    (tmp_path / 'notes.txt').write_text('not json')
+    scratch = [] if any(a.startswith('--init_from') for a in args) else ['--init_from=scratch']
+    code, out, err = in_process('sample.py', [*scratch, f'--data_root={world}/data', '--dataset=s5_Z2', '--start=0 1',
+                                              *args], tmp_path)
+    one_line(code, err, *words)
+    assert not out and os.listdir(tmp_path) == ['notes.txt']
+
+
+def test_generate_checks_its_arguments():
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(block_size=16, vocab_size=8, n_layer=2, n_head=2, n_kv_head=1, n_embd=16, recurrence='t2mlr'))
+    x = torch.zeros(1, 2, dtype=torch.long)
+    for kw, msg in [(dict(temperature=-1), 'temperature=-1 must be >= 0'),  # once: the inverted distribution
+                    (dict(top_k=0), 'top_k=0 must be None'), (dict(top_k=-1), 'top_k=-1 must be None'),
+                    (dict(prefill='jacobi', prefill_iters=0), 'prefill_iters=0 must be >= 1'),
+                    (dict(prefill='jacobi', prefill_iters=-3), 'prefill_iters=-3 must be >= 1'),
+                    (dict(prefill='jacobi', prefill_tol=-1.0), 'prefill_tol=-1.0 must be >= 0')]:
+        with pytest.raises(ValueError, match=msg.replace('(', r'\(')):
+            m.generate(x, 2, **kw)
+    assert m.generate(x, 2, temperature=0.5, top_k=1).shape == (1, 4)  # the good ones still sample
+
+
+@pytest.mark.parametrize('argv,words', [(['stdlib_char', '--max_files=-5'], ['--max_files=-5', '>= 0']),
+                                        (['s5', '--n_train=0'], ['--n_train=0', '>= 1']),
+                                        (['varassign', '--n_chains=0'], ['--n_chains=0', '>= 1']),
+                                        (['s5', '--test_lens=16,0'], ['--test_lens=16,0', '>= 1']),
+                                        (['s5_retrieval', '--k=0'], ['--k=0', '>= 1'])])
+def test_prepare_bad_setting(tmp_path, argv, words):
+    one_line(*prep(*argv, f'--out_dir={tmp_path}/d'), *words)
+    assert not os.path.exists(tmp_path / 'd')
+
+
+def test_prepare_removes_the_temp_files_of_a_killed_run(tmp_path):
+    dead = subprocess.Popen([sys.executable, '-c', 'pass'])
+    dead.wait()  # a pid that is no longer alive: a prepare killed by SIGKILL mid-write
+    out = tmp_path / 'stdlib'
+    out.mkdir()
+    stale = [out / f'train.bin.tmp.{dead.pid}', out / f'meta.json.tmp.{dead.pid}']
+    kept = [out / f'val.bin.tmp.{os.getppid()}', out / 'notes.tmp.1']  # a live writer's; not ours
+    for f in stale + kept:
+        f.write_bytes(b'half a file')
+    assert prep('stdlib_char', '--max_files=6', '--hold_out_every=3', f'--out_dir={out}')[0] == 0
+    assert not any(f.exists() for f in stale) and all(f.exists() for f in kept)
+    assert load_meta(str(out))['source']['files'] == 6
+
+
+@pytest.mark.parametrize('script,args,words', [
+    ('compare.py', ['--seeds='], ["seeds=''", 'comma list of integers']),
+    ('bench.py', ['--vocab_size=0'], ['vocab_size=0', '>= 1']),
+    ('bench.py', ['--mem_len=-5'], ['mem_len=-5', '>= 0']),
+    ('bench.py', ['--out=missing/b.json'], ['out=missing/b.json', 'does not exist']),
+    ('bench.py', ['--plot=missing/b.png'], ['plot=missing/b.png', 'does not exist']),
+    ('bench.py', ['--prefill_tol=-1'], ['prefill_tol=-1.0', '>= 0']),
+])
+def test_script_bad_setting(tmp_path, script, args, words):
+    # before the work starts (bench.py: before it imports torch), so well under a few seconds
+    t = time.time()
+    p = subprocess.run([sys.executable, os.path.join(ROOT, script), *args], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=60)
+    one_line(p.returncode, p.stderr, *words)
+    assert time.time() - t < 10 and not p.stdout
+
+
+def test_compare_restarts_an_interrupted_run(world, tmp_path):
+    # an interrupted run of compare.py: a checkpoint, and a log without the final evaluation.
+    # compare.py starts it over (it must say --overwrite=True to train.py, or nothing would run)
+    run_dir = tmp_path / 'cmp' / 'plain_s1'
+    run_dir.mkdir(parents=True)
+    for f in ('ckpt.pt', 'best.pt'):
+        (run_dir / f).write_bytes((world / 'run' / f).read_bytes())
+    (run_dir / 'log.jsonl').write_text(open(world / 'run' / 'log.jsonl').readline())
+    p = subprocess.run([sys.executable, os.path.join(ROOT, 'compare.py'), '--quick=True', '--max_iters=1', '--seeds=1',
+                        '--models=plain', f'--data_root={world}/data', f'--out_dir={tmp_path}/cmp'],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert torch.load(run_dir / 'ckpt.pt', weights_only=False)['config']['recurrence'] == 'none'
