@@ -104,6 +104,10 @@ MODELS = {
     't2mlr_full_w32_detach': ['config/t2mlr_small.py', '--attn_window=32', '--rec_residual_detach=True'],
     't2mlr_full_w32_rms1_detach': ['config/t2mlr_small.py', '--attn_window=32', '--rec_scale_min=1e-3',
                                    '--rec_scale_max=1e3', '--rec_residual_detach=True'],
+    # the mirror pair: the scheme apart from the architecture. T2MLR trained interleaved with S = T
+    # (exact, the gradient through the whole chain, as LRT's S=32); LRT trained with Jacobi D = T, B = 1
+    't2mlr_full_w32_S32': ['config/t2mlr_small.py', '--attn_window=32', '--train_mode=interleaved', '--n_subsets=32'],
+    'lrt_w32_D32': ['config/lrt_small.py', '--attn_window=32', '--train_mode=jacobi', '--n_iter=32', '--n_grad=1'],
     't2mlr_w32_D32_rms1': ['config/t2mlr_small.py', '--n_iter=32', '--n_grad=1', '--attn_window=32',
                            '--rec_scale_min=1e-3', '--rec_scale_max=1e3'],
     't2mlr_w32_D32_B4': ['config/t2mlr_small.py', '--n_iter=32', '--n_grad=4', '--attn_window=32'],
