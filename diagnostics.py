@@ -11,6 +11,7 @@ here changes what the model computes: the recurrence is observed through forward
 """
 
 import math
+import weakref
 from contextlib import contextmanager, nullcontext
 
 import numpy as np
@@ -21,25 +22,35 @@ import torch.nn.functional as F
 # memory
 
 def activation_bytes(fn, exclude=()):
-    """Bytes of the tensors autograd saves for backward while fn() runs, counted once per
-    storage, the storages of the tensors in exclude (a model's parameters and buffers) left
-    out: the activation memory of a training step. Unlike RSS it is exact and per call, on
-    any device (a process's peak RSS only ever grows, so it cannot be split between models)."""
-    seen = {}
+    """Bytes of the tensors autograd holds for backward when fn() returns (its result kept alive
+    until they are counted), once per storage, the storages of the tensors in exclude (a model's
+    parameters and buffers) left out: the activation memory of a training step. What a part of
+    the graph saved and freed during the forward (a pass computed with gradient, then detached)
+    is transient and not counted. Unlike RSS it is exact and per call, on any device (a
+    process's peak RSS only ever grows, so it cannot be split between models)."""
+    saved = []
 
     def pack(t):
-        try:
-            st = t.untyped_storage()
-            seen[st.data_ptr()] = st.nbytes()
-        except (RuntimeError, NotImplementedError):
-            pass
         # detached: a saved output returned as itself would hold its own grad_fn, a cycle in C++
         # that no gc frees (about 1 GB per measured 135M config); autograd re-attaches it on unpack
-        return t.detach()
+        t = t.detach()
+        saved.append(weakref.ref(t))  # alive as long as the graph node that saved it
+        return t
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn()
+        out = fn()
+    held = {}
+    for ref in saved:
+        t = ref()
+        if t is not None:
+            try:
+                st = t.untyped_storage()
+                held[st.data_ptr()] = st.nbytes()
+            except (RuntimeError, NotImplementedError):
+                pass
+    del out
     skip = {t.untyped_storage().data_ptr() for t in exclude}
-    return sum(n for p, n in seen.items() if p not in skip)
+    return sum(n for p, n in held.items() if p not in skip)
+
 
 # -----------------------------------------------------------------------------
 # forward hooks
