@@ -149,7 +149,8 @@ if compile_backend not in ('inductor', 'eager', 'aot_eager'):
 # instead of after the seconds torch takes to import
 import torch
 
-from checkpoint import HF_LLAMA_NAMES
+from checkpoint import to_hf_llama
+from diagnostics import activation_bytes
 from flops import flops_per_token, rec_flops
 from model import GPT, GPTConfig, KVCache
 
@@ -203,26 +204,6 @@ def mb(nbytes):
     return None if nbytes is None else round(nbytes / 2**20, 2)
 
 
-def activation_bytes(fn):
-    """Bytes of the tensors autograd saves for backward while fn() runs, counted once
-    per storage, parameters and buffers excluded: the activation memory of a training
-    step. Unlike RSS it is exact and per variant, on any device (a process's peak RSS
-    only ever grows, so it cannot be split between variants)."""
-    seen = {}
-    def pack(t):
-        try:
-            st = t.untyped_storage()
-            seen[st.data_ptr()] = st.nbytes()
-        except (RuntimeError, NotImplementedError):
-            pass
-        # detached: a saved output returned as itself would hold its own grad_fn, a cycle in C++
-        # that no gc frees (about 1 GB per measured 135M config); autograd re-attaches it on unpack
-        return t.detach()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn()
-    return sum(n for p, n in seen.items() if p not in param_ptrs)
-
-
 def count_ops(fn):
     """Number of ATen ops fn() dispatches (after autograd and composite decomposition):
     on a small model every op costs ~Python + dispatch overhead, whatever its size."""
@@ -273,13 +254,11 @@ def config_memory(path):
     m = GPT(GPTConfig(**args)).to(device).train()
     T, mb_size = m.config.block_size, ns.get('batch_size', 32)
     n = mem_len or T  # tokens per measured sequence
-    global param_ptrs
-    param_ptrs = {t.untyped_storage().data_ptr() for t in (*m.parameters(), *m.buffers())}
     saved = []
     for b in (1, 2):
         x = torch.randint(0, mem_vocab, (b, n), device=device)
         with torch.autocast(device_type, dtype=torch.bfloat16):
-            saved.append(activation_bytes(lambda: m(x, x, **scheme)))
+            saved.append(activation_bytes(lambda: m(x, x, **scheme), (*m.parameters(), *m.buffers())))
     per_seq, per_step = (saved[1] - saved[0]) * T / n, 2 * saved[0] - saved[1]  # bytes per token: the same at any T
     n_params = sum(p.numel() for p in m.parameters())
     peak = 16 * n_params + per_step + per_seq * mb_size + 2 * 4 * mb_size * T * m.config.padded_vocab
@@ -334,9 +313,6 @@ for name, rec, mode, rc in TRAIN:
                             **(dict(fused=True) if device_type == 'cuda' else {}))
     fwd = torch.compile(m) if compile_train else m
     variants.append(dict(name=name, rec=rec, mode=mode, recompute=rc, model=m, opt=opt, fwd=fwd, times=[], mem=[]))
-# parameters and buffers (the RoPE tables) are not activations: leave them out of the count
-param_ptrs = {t.untyped_storage().data_ptr() for v in variants
-              for t in (*v['model'].parameters(), *v['model'].buffers())}
 
 
 def train_step(v):
@@ -373,7 +349,8 @@ rows = []
 for v in variants:
     m = v['model']
     with ctx:
-        act = activation_bytes(lambda: m(X, Y, mode=v['mode'], recompute=v['recompute'], **kw))
+        # parameters and buffers (the RoPE tables) are not activations: left out of the count
+        act = activation_bytes(lambda: m(X, Y, mode=v['mode'], recompute=v['recompute'], **kw), (*m.parameters(), *m.buffers()))
     fl = flops_per_token(m.config, seq_len, v['mode'], **kw)
     t = med(v['times'])
     rows.append(dict(name=v['name'], recurrence=v['rec'], mode=v['mode'], step_ms=1e3 * t,
@@ -458,30 +435,10 @@ def hf_peer_model():
     """transformers' LlamaForCausalLM with the plain model's shape and weights (None
     without transformers): the reference implementation a user would otherwise run."""
     try:
-        from transformers import LlamaConfig, LlamaForCausalLM
+        import transformers  # noqa: F401
     except ImportError:
         return None
-    c = models['none'].config
-    hc = LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.n_embd, intermediate_size=c.mlp_hidden,
-                     num_hidden_layers=c.n_layer, num_attention_heads=c.n_head, num_key_value_heads=c.n_kv_head,
-                     max_position_embeddings=c.block_size, rope_theta=c.rope_theta, rms_norm_eps=c.norm_eps,
-                     tie_word_embeddings=c.tie_embeddings, attention_bias=False, mlp_bias=False,
-                     bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    hf = LlamaForCausalLM(hc).to(device).eval()
-    ours = models['none'].state_dict()
-    theirs = {}
-    shapes = {k: p.shape for k, p in hf.state_dict().items()}
-    for k_ours, k_hf in HF_LLAMA_NAMES.items():
-        for i in (range(c.n_layer) if '{i}' in k_ours else [None]):
-            keys = [k.format(i=i) for k in ((k_hf,) if isinstance(k_hf, str) else k_hf)]
-            if keys[0] not in shapes:
-                continue  # lm_head, tied
-            # our fused projections are theirs stacked by rows: split them back
-            for k, w in zip(keys, ours[k_ours.format(i=i)].split([shapes[k][0] for k in keys], 0)):
-                theirs[k] = w
-    missing, unexpected = hf.load_state_dict(theirs, strict=False)
-    assert not unexpected and all('lm_head' in k for k in missing), (missing, unexpected)
-    return hf
+    return to_hf_llama(models['none'])
 
 
 def hf_run(hf, n_gen, prompt):

@@ -7,6 +7,7 @@ and the import of a pretrained Hugging Face Llama (SmolLM2, ...) for retrofittin
                                        of older versions of this repo are upgraded on load
   build_model(model_args)              model.GPT, or lstm.LSTM (the baseline) for arch='lstm'
   from_pretrained(name, **overrides)   a Hugging Face Llama checkpoint as a GPT, the recurrence at identity
+  to_hf_llama(model)                   the backbone of a GPT as a transformers LlamaForCausalLM (same weights)
 """
 
 import os
@@ -285,3 +286,35 @@ def from_pretrained(name_or_path, dtype=torch.float32, **overrides):
     missing = [k for k in missing if not GPT.is_rec_param(k) and not (k == 'lm_head.weight' and config.tie_embeddings)]
     assert not missing, f"backbone weights not loaded: {missing}"
     return model.to(dtype)
+
+
+def to_hf_llama(model):
+    """The backbone of a GPT (no recurrence parameters) as a transformers LlamaForCausalLM with the
+    same weights, in the model's dtype and device: the export of HF_LLAMA_NAMES. bench.py times it
+    as a peer; tools/official.py wraps it in the official T2MLR code. Needs transformers."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    c = model.config
+    if not c.rope or c.attn_window:
+        raise CheckpointError("to_hf_llama: a Llama has RoPE and full attention (rope=True, attn_window=0)")
+    hc = LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.n_embd, intermediate_size=c.mlp_hidden,
+                     num_hidden_layers=c.n_layer, num_attention_heads=c.n_head, num_key_value_heads=c.n_kv_head,
+                     max_position_embeddings=c.block_size, rope_theta=c.rope_theta, rms_norm_eps=c.norm_eps,
+                     tie_word_embeddings=c.tie_embeddings, attention_bias=False, mlp_bias=False,
+                     bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    p = next(model.parameters())
+    hf = LlamaForCausalLM(hc).to(device=p.device, dtype=p.dtype).eval()
+    ours, theirs = model.state_dict(), {}
+    shapes = {k: t.shape for k, t in hf.state_dict().items()}
+    for k_ours, k_hf in HF_LLAMA_NAMES.items():
+        for i in (range(c.n_layer) if '{i}' in k_ours else [None]):
+            keys = [k.format(i=i) for k in ((k_hf,) if isinstance(k_hf, str) else k_hf)]
+            if keys[0] not in shapes:
+                continue  # lm_head, tied
+            w = ours[k_ours.format(i=i)]
+            w = w[:c.vocab_size] if k_ours in ('wte.weight', 'lm_head.weight') else w  # padded rows: not theirs
+            # our fused projections are theirs stacked by rows: split them back
+            for k, part in zip(keys, w.split([shapes[k][0] for k in keys], 0)):
+                theirs[k] = part
+    missing, unexpected = hf.load_state_dict(theirs, strict=False)
+    assert not unexpected and all('lm_head' in k for k in missing), (missing, unexpected)
+    return hf
