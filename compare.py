@@ -212,27 +212,33 @@ def curve(name, seed):
 
 def plot_curves(plt):
     """results_dir/curves.png: training loss and exact val loss (left), exact EM at every test
-    length (right), against training steps; one color per model, one line per seed."""
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    length (middle), the gradient norm before clipping (right, where logged), against training
+    steps; one color per model, one line per seed."""
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4))
     styles = ['-', '--', ':', '-.']
     for k, name in enumerate(names):
         for j, r in enumerate(results[name]):
             c, lab = f'C{k}', (name if j == 0 else None)
             tr = r['curve']['train']
-            if tr:  # a running mean over 3 logged steps: one batch is noisy
-                it, lo = [a for a, _ in tr], [b for _, b in tr]
-                sm = [sum(lo[max(0, i - 2):i + 1]) / len(lo[max(0, i - 2):i + 1]) for i in range(len(lo))]
-                axes[0].plot(it, sm, color=c, lw=0.8, alpha=0.6, label=lab)
+            if tr:  # each point: the mean over a log interval (a single step's loss in older logs)
+                axes[0].plot([a for a, _ in tr], [b for _, b in tr], color=c, lw=0.8, alpha=0.6, label=lab)
+            gr = r['curve'].get('grad', [])
+            if gr:
+                axes[2].plot([a for a, _, _ in gr], [b for _, b, _ in gr], color=c, lw=0.8, alpha=0.7, label=lab)
             ev = r['curve']['eval']
             axes[0].plot([e['iter'] for e in ev], [e['val/loss_exact'] for e in ev], color=c, marker='o', ms=3, lw=1.5)
             for si, (s, L) in enumerate(zip(splits, lengths)):
                 axes[1].plot([e['iter'] for e in ev], [e.get(f'{s}/em_exact', float('nan')) for e in ev], color=c,
                              ls=styles[si % len(styles)], marker='o', ms=3, label=f'{name} @{L}' if j == 0 else None)
-    axes[0].set_title('training loss (thin, smoothed; the scheme\'s approximation) and exact val loss (dots)', fontsize=8)
+    axes[0].set_title('training loss (thin: log-interval means, the scheme\'s approximation) and exact val loss (dots)',
+                      fontsize=8)
     axes[1].set_title('exact-recurrence EM on the test splits (line style = length)', fontsize=8)
     axes[0].set_ylabel('loss')
     axes[1].set_ylabel('exact match')
     axes[1].set_ylim(-0.05, 1.05)
+    axes[2].set_yscale('log')
+    axes[2].set_title('gradient norm before clipping (mean over each log interval)', fontsize=8)
+    axes[2].set_ylabel('gradient norm')
     for ax in axes:
         ax.set_xlabel('training step')
         ax.legend(fontsize=6)
