@@ -97,10 +97,12 @@ MODELS = {
     # memory); lr1e3: half the learning rate, 5% warmup; wdrec: the official 0.01 weight decay on
     # the recurrence's matrices; detach: no gradient through R_{t-1} in m_t = h_t + R_{t-1} (the
     # official S5 recipe); B4: gradient through the last 4 iterations; noclip: no gradient clipping
-    # (the global norm is mostly the scalar gate g_rec's gradient: clipping it rescales every other one)
+    # (the global norm is mostly the scalar gate g_rec's gradient: clipping it rescales every other one);
+    # gate1: g_rec = 1 at init, the recurrent path open from the start (0: the official identity init)
     't2mlr_full_w32_rms1': ['config/t2mlr_small.py', '--attn_window=32', '--rec_scale_min=1e-3', '--rec_scale_max=1e3'],
     't2mlr_full_w32_lr1e3': ['config/t2mlr_small.py', '--attn_window=32', '--learning_rate=1e-3', '--min_lr=1e-4',
                              '--warmup_iters=75'],
+    't2mlr_full_w32_gate1': ['config/t2mlr_small.py', '--attn_window=32', '--rec_gate_init=1.0'],
     't2mlr_full_w32_noclip': ['config/t2mlr_small.py', '--attn_window=32', '--grad_clip=0'],
     't2mlr_full_w32_wdrec': ['config/t2mlr_small.py', '--attn_window=32', '--rec_weight_decay=0.01'],
     't2mlr_full_w32_detach': ['config/t2mlr_small.py', '--attn_window=32', '--rec_residual_detach=True'],

@@ -49,6 +49,7 @@ class GPTConfig:
     rec_residual: bool = True   # m_t = h^(e)_t + R_{t-1} (else m_t = h^(e)_t)
     rec_proj: bool = True       # r = W_rec R (else r = R)
     rec_gate_gain: float = 1.0  # xavier gain of f_cur/f_rec (1e-2 for fine-tuning)
+    rec_gate_init: float = 0.0  # g_rec at init: 0 = Phi is the identity (official; a retrofit needs it)
     rec_residual_detach: bool = False  # m_t = h^(e)_t + sg(R_{t-1}): no gradient through the residual (official option)
     rec_scale_min: float = 0.2  # the bounds of the state's RMS scale, clamp(1/rms(m_t), min, max) (official: 1/5, 5)
     rec_scale_max: float = 5.0
@@ -304,7 +305,10 @@ class T2MLRFusion(nn.Module):
         rec = g_rec * torch.sigmoid(self.f_rec(hr))
         return h + cur * h + rec * r
 
-    def init_weights(self, gain):
+    def init_weights(self, gain, g_rec=0.0):
+        # g_rec > 0 opens the recurrent path from the start: at 0 both tanh(g_rec) and W_rec's
+        # gradient through it vanish together, a saddle the run must first leave (docs/recipe.md)
+        nn.init.constant_(self.g_rec, g_rec)
         for f in (self.f_cur, self.f_rec):
             nn.init.xavier_normal_(f.weight, gain=gain)
             nn.init.zeros_(f.bias)  # sigmoid(0) = 0.5: the official S5/GSM8K recipes' gate init
@@ -410,7 +414,7 @@ class GPT(nn.Module):
             elif p.dim() == 2:
                 nn.init.normal_(p, std=0.02)
         if self.fusion is not None:
-            self.fusion.init_weights(c.rec_gate_gain)
+            self.fusion.init_weights(c.rec_gate_gain, c.rec_gate_init)
         if self.lrt is not None:
             self.lrt.init_weights(c.lrt_identity_init)
 

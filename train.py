@@ -109,6 +109,7 @@ rec_end = -1             # -1 = last layer
 rec_residual = True
 rec_proj = True
 rec_gate_gain = 0.0       # xavier gain of T2MLR's gates; 0 = auto: 1.0 from scratch (paper), 1e-2 retrofit
+rec_gate_init = 0.0       # T2MLR's g_rec at init (0: the identity, official; a retrofit always starts at 0)
 lrt_inject = 'both'
 lrt_shared = True
 lrt_identity_init = False
@@ -364,6 +365,7 @@ model_args = dict(block_size=block_size, vocab_size=meta['vocab_size'], n_layer=
                   rec_scale_min=rec_scale_min, rec_scale_max=rec_scale_max,
                   jacobi_init=jacobi_init,
                   rec_gate_gain=rec_gate_gain or (1.0 if init_from in ('scratch', 'resume') else 1e-2),
+                  rec_gate_init=rec_gate_init if init_from in ('scratch', 'resume') else 0.0,
                   lrt_inject=lrt_inject, lrt_shared=lrt_shared, lrt_identity_init=lrt_identity_init,
                   lrt_gate_channels=lrt_gate_channels)
 iter_num, best_val_loss, ckpt = 0, 1e9, None
@@ -374,7 +376,7 @@ if master:
     for p in (ckpt_path, best_path):  # temp files of saves killed mid-write (kill -9, OOM)
         for f in remove_stale_tmp(p):
             print(f"note: removed {f}, left by an interrupted save")
-INIT_ONLY = ('rec_gate_gain', 'lrt_identity_init')  # model args that only shape the initialisation
+INIT_ONLY = ('rec_gate_gain', 'rec_gate_init', 'lrt_identity_init')  # model args that only shape the initialisation
 
 
 def resume_notes(saved, wanted, retrofit):

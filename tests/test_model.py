@@ -70,6 +70,16 @@ def test_identity_init_equals_plain(kw):
                                plain.generate(idx[:, :5], 6, temperature=0, return_logits=True)[1], **TOL)
 
 
+def test_open_gate_init():
+    """rec_gate_init opens T2MLR's recurrent path at init (g_rec = the value, g_cur = 0): the state
+    then changes the exact forward, where the identity init leaves it equal to the plain one."""
+    shut, opened = make(nonidentity=False, recurrence='t2mlr'), make(nonidentity=False, recurrence='t2mlr', rec_gate_init=0.5)
+    assert opened.fusion.g_rec.item() == 0.5 and opened.fusion.g_cur.item() == 0.0 and shut.fusion.g_rec.item() == 0.0
+    idx = tokens()
+    assert (opened(idx, mode='exact')[0] - opened(idx, mode='zero')[0]).abs().max() > 1e-3
+    torch.testing.assert_close(shut(idx, mode='exact')[0], shut(idx, mode='zero')[0], **TOL)
+
+
 def test_lrt_gate_channels_option():
     # the official LRT gate reads only the first lrt_gate_channels channels of the normed input
     m = make(recurrence='lrt', rec_start=1, rec_end=2, lrt_gate_channels=8)
