@@ -103,6 +103,8 @@ MODELS = {
     't2mlr_full_w32_lr1e3': ['config/t2mlr_small.py', '--attn_window=32', '--learning_rate=1e-3', '--min_lr=1e-4',
                              '--warmup_iters=75'],
     't2mlr_full_w32_gate1': ['config/t2mlr_small.py', '--attn_window=32', '--rec_gate_init=1.0'],
+    't2mlr_full_w32_S32_gate1': ['config/t2mlr_small.py', '--attn_window=32', '--train_mode=interleaved',
+                                 '--n_subsets=32', '--rec_gate_init=1.0'],
     't2mlr_full_w32_noclip': ['config/t2mlr_small.py', '--attn_window=32', '--grad_clip=0'],
     't2mlr_full_w32_wdrec': ['config/t2mlr_small.py', '--attn_window=32', '--rec_weight_decay=0.01'],
     't2mlr_full_w32_detach': ['config/t2mlr_small.py', '--attn_window=32', '--rec_residual_detach=True'],
