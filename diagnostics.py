@@ -78,19 +78,19 @@ def watch(model):
     if model.lrt is not None:
         lrt, s = model.lrt, model.s
 
-        def state(mod, args):  # args: Block.forward's (x, rope, pos, mask, cache, mem)
+        def state(mod, args):  # args: Block.forward's (x, rope, pos, mask, cache, state_in)
             if args[5] is not None:
-                keep('state', args[5].m)
+                keep('state', args[5].state)
         handles.append(model.h[s].register_forward_pre_hook(state))
         for j, i in enumerate(range(s, model.config.n_layer)):
             if lrt.gate is not None:
                 handles.append(lrt.gate[j].register_forward_hook(
                     lambda mod, args, out, i=i: keep(f'g.{i}', (2 * torch.sigmoid(out)).unflatten(-1, (2, lrt.Hkv)))))
             if lrt.alpha is not None:
-                def terms(mod, args, i=i, j=j):  # args: Block.forward's (x, rope, pos, mask, cache, mem)
-                    x, mem = args[0], args[5]
-                    if mem is not None:
-                        keep(f'gamma_m.{i}', lrt.gamma[j].double().abs() * mem.m.double().norm(dim=-1))
+                def terms(mod, args, i=i, j=j):  # args: Block.forward's (x, rope, pos, mask, cache, state_in)
+                    x, state_in = args[0], args[5]
+                    if state_in is not None:
+                        keep(f'gamma_m.{i}', lrt.gamma[j].double().abs() * state_in.state.double().norm(dim=-1))
                         keep(f'alpha_x.{i}', lrt.alpha[j].double().abs() * x.double().norm(dim=-1))
                 handles.append(model.h[i].register_forward_pre_hook(terms))
     try:

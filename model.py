@@ -228,13 +228,13 @@ class Attention(nn.Module):
         self.wo = nn.Linear(d, d, bias=False)
         self.dropout = config.dropout
 
-    def forward(self, a, rope, pos, mask, cache, mem=None):
+    def forward(self, a, rope, pos, mask, cache, state_in=None):
         # a: (B, T, d) the normed block input of the tokens at positions pos
         B, T, _ = a.shape
         H, Hkv = self.n_head, self.n_kv_head
         qkv = self.wqkv(a).view(B, T, H + 2 * Hkv, self.hd)  # heads: H of q, Hkv of k, Hkv of v
-        if mem is not None:
-            qkv = mem.gated_kv(self.i, a, qkv)  # LRT: k <- g_loc k + g_fb W_fb_k m_{t-1}, same for v
+        if state_in is not None:
+            qkv = state_in.gated_kv(self.i, a, qkv)  # LRT: k <- g_loc k + g_fb W_fb_k m_{t-1}, same for v
         q, k = apply_rope(qkv[:, :, :H + Hkv], *rope).split([H, Hkv], 2)  # RoPE on q and k together
         v = qkv[:, :, H + Hkv:]
         if torch.is_grad_enabled():
@@ -268,11 +268,11 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.drop = nn.Dropout(config.dropout)
 
-    def forward(self, x, rope, pos, mask, cache, mem=None):
-        # mem: LRT's memory for this run of blocks (LRT.read), or None
-        if mem is not None:
-            x = mem.residual(self.i, x)  # LRT: x <- alpha_i x + gamma_i m_{t-1}
-        y = self.attn(self.ln_1(x), rope, pos, mask, cache, mem)
+    def forward(self, x, rope, pos, mask, cache, state_in=None):
+        # state_in: the StateIn of this run of blocks, or None (the plain model)
+        if state_in is not None:
+            x = state_in.enter(self.i, x)  # T2MLR's fusion at block s, LRT's residual at blocks >= s
+        y = self.attn(self.ln_1(x), rope, pos, mask, cache, state_in)
         x = x + (self.drop(y) if self.drop.p > 0 else y)  # no dropout call at p = 0
         y = self.mlp(self.ln_2(x))
         return x + (self.drop(y) if self.drop.p > 0 else y)
@@ -328,51 +328,75 @@ class LRT(nn.Module):
         super().__init__()
         c, n = config, config.n_layer - s  # n reading layers
         self.s, self.shared, self.Hkv, self.hd = s, c.lrt_shared, c.n_kv_head, c.n_embd // c.n_head
-        self.fb = self.gate = self.alpha = self.gamma = None
+        self.w_fb = self.gate = self.alpha = self.gamma = None
         if c.lrt_inject != 'residual':
-            self.gate_in = c.lrt_gate_channels or c.n_embd  # the official code can read only the first channels of a
-            self.fb = nn.ModuleList([nn.Linear(c.n_embd, 2 * c.n_kv_head * self.hd, bias=False)
-                                     for _ in range(1 if c.lrt_shared else n)])
+            # the gates read the first gate_in channels of the normed input (the official code can
+            # be set to read fewer than all: DESIGN.md 11)
+            self.gate_in = c.lrt_gate_channels or c.n_embd
+            self.w_fb = nn.ModuleList([nn.Linear(c.n_embd, 2 * c.n_kv_head * self.hd, bias=False)
+                                       for _ in range(1 if c.lrt_shared else n)])
             self.gate = nn.ModuleList([nn.Linear(self.gate_in, 2 * c.n_kv_head, bias=False) for _ in range(n)])
         if c.lrt_inject != 'kv':
             self.alpha = nn.Parameter(torch.ones(n))
             self.gamma = nn.Parameter(torch.full((n,), 0.0 if c.lrt_identity_init else 0.1))
 
     def init_weights(self, identity):  # the gates start at 2 sigmoid(0) = 1; identity: W_fb = 0 too
-        for lin in list(self.gate or []) + (list(self.fb or []) if identity else []):
+        for lin in list(self.gate or []) + (list(self.w_fb or []) if identity else []):
             nn.init.zeros_(lin.weight)
 
     def project(self, j, m):
         # m (B, T, d) -> (W_fb_k m, W_fb_v m) of reading layer j, stacked: (B, T, 2, Hkv, hd), one matmul
-        return self.fb[0 if self.shared else j](m).view(*m.shape[:2], 2, self.Hkv, self.hd)
+        return self.w_fb[0 if self.shared else j](m).view(*m.shape[:2], 2, self.Hkv, self.hd)
 
-    def read(self, m, rec_on=None, fb=None):
-        # the memory m (B, T, d) for one run of blocks: what Block and Attention call. LRT-shared
-        # projects it once for every layer (fb: that projection, when the caller already has it)
-        return Memory(self, m, rec_on, self.project(0, m) if fb is None and self.fb and self.shared else fb)
+    def residual(self, j, x, m, on):
+        # reading layer j's block input: x <- alpha_j x + gamma_j m where the recurrence is on
+        return x if self.alpha is None else where_on(on, self.alpha[j] * x + self.gamma[j] * m, x)
 
+    def gated_kv(self, j, a, qkv, m, mem_kv, on):
+        # a: (B, T, d) the normed block input; qkv: (B, T, H + 2 Hkv, hd), its last 2 Hkv heads the
+        # keys and values; mem_kv: LRT-shared's W_fb m (B, T, 2, Hkv, hd), else None (project here)
+        if self.gate is None:
+            return qkv
+        B, T, Hkv = a.size(0), a.size(1), self.Hkv
+        g = 2 * torch.sigmoid(self.gate[j](a[..., :self.gate_in])).view(B, T, 2, Hkv, 1)  # (g_loc, g_fb)
+        mem_kv = mem_kv if self.shared else self.project(j, m)  # (W_fb_k m, W_fb_v m)
+        kv = qkv[:, :, -2 * Hkv:].unflatten(2, (2, Hkv))  # k and v gated together, by the same gates
+        kv = where_on(on, g[:, :, :1] * kv + g[:, :, 1:] * mem_kv, kv)
+        return torch.cat([qkv[:, :, :-2 * Hkv], kv.flatten(2, 3)], 2)
 
-class Memory:
-    """LRT's memory m_{t-1} for one run of blocks; rec_on: (B, T, 1) bool, None = everywhere."""
+# -----------------------------------------------------------------------------
+# what a run of blocks reads from the recurrence
 
-    def __init__(self, lrt, m, rec_on, fb):
-        self.lrt, self.m, self.rec_on, self.fb = lrt, m, rec_on, fb
+class StateIn:
+    """The state a run of blocks reads, built once per pass and handed to every block:
+      state   (B, T, d) what each token reads: R_{t-1} (T2MLR) or m_{t-1} (LRT)
+      on      (B, T, 1) bool, where the recurrence is on (None: everywhere). Off, a token runs as
+              the plain model although it has a state (T2MLR's prompt in fine-tuning).
+      mem_kv  LRT-shared's (W_fb_k m, W_fb_v m), (B, T, 2, Hkv, hd): one projection for every layer.
+    Block i calls enter(i, x) on its input and Attention gated_kv(i, a, qkv) on its keys/values."""
 
-    def residual(self, i, x):
-        lrt, j = self.lrt, i - self.lrt.s
-        return x if lrt.alpha is None else where_on(self.rec_on, lrt.alpha[j] * x + lrt.gamma[j] * self.m, x)
+    def __init__(self, model, state, rec_mask=None):
+        self.model, self.state = model, state
+        self.on = None if rec_mask is None else rec_mask.unsqueeze(-1)
+        lrt = model.lrt
+        self.mem_kv = lrt.project(0, state) if lrt is not None and lrt.w_fb is not None and lrt.shared else None
+
+    def enter(self, i, x):
+        # T2MLR: x <- Phi(x, R) at the input of block s (DESIGN.md 3); LRT: x <- alpha x + gamma m
+        # at every block >= s (DESIGN.md 4)
+        m = self.model
+        if i == m.s and m.fusion is not None:
+            return where_on(self.on, m.fusion(x, self.state), x)
+        if i >= m.s and m.lrt is not None:
+            return m.lrt.residual(i - m.s, x, self.state, self.on)
+        return x
 
     def gated_kv(self, i, a, qkv):
-        # a: (B, T, d); qkv: (B, T, H + 2 Hkv, hd), the keys and values its last 2 Hkv heads
-        lrt, j = self.lrt, i - self.lrt.s
-        if lrt.gate is None:
+        # LRT: k <- g_loc k + g_fb W_fb_k m_{t-1}, the same for v (DESIGN.md 4)
+        m = self.model
+        if i < m.s or m.lrt is None:
             return qkv
-        B, T, Hkv = a.size(0), a.size(1), lrt.Hkv
-        g = 2 * torch.sigmoid(lrt.gate[j](a[..., :lrt.gate_in])).view(B, T, 2, Hkv, 1)  # (g_loc, g_fb)
-        fb = self.fb if lrt.shared else lrt.project(j, self.m)  # (B, T, 2, Hkv, hd) = (W_fb_k m, W_fb_v m)
-        kv = qkv[:, :, -2 * Hkv:].unflatten(2, (2, Hkv))  # k and v gated together, by the same gates
-        kv = where_on(self.rec_on, g[:, :, :1] * kv + g[:, :, 1:] * fb, kv)
-        return torch.cat([qkv[:, :, :-2 * Hkv], kv.flatten(2, 3)], 2)
+        return m.lrt.gated_kv(i - m.s, a, qkv, self.state, self.mem_kv, self.on)
 
 # -----------------------------------------------------------------------------
 # the model
@@ -421,24 +445,22 @@ class GPT(nn.Module):
     # ------------------------------------------------------------------
     # the primitive: run blocks a..b at positions pos
 
-    def run_blocks(self, x, a, b, pos, state_in=None, cache=None, rec_mask=None, fb=None):
+    def run_blocks(self, x, a, b, pos, state_in=None, cache=None):
         """x: (B, T, d), the stream at the input of block a, of the tokens at positions pos: a range,
-        or a (1,) tensor (the static one-token step, over the cache's whole buffer). state_in:
-        (B, T, d), the state each token reads (R_{t-1} or m_{t-1}); None runs the plain model.
-        cache: a KVCache to write into and attend over (None: tokens 0..T-1 among themselves).
-        rec_mask: (B, T) bool, False where a token runs plain although it has a state (T2MLR's
-        prompt in fine-tuning). fb: LRT-shared's projection of state_in, if the caller has it."""
+        or a (1,) tensor (the static one-token step, over the cache's whole buffer). state_in: the
+        StateIn each token reads (the state, where the recurrence is on, LRT's projection); None
+        runs the plain model. cache: a KVCache to write into and attend over (None: tokens 0..T-1
+        among themselves)."""
         if a > b:
             return x
         rope, mask = self.rope_and_mask(pos, cache)
-        rec_on = None if rec_mask is None else rec_mask.unsqueeze(-1)  # (B, T, 1)
-        lrt = state_in is not None and self.lrt is not None and b >= self.s
-        mem = self.lrt.read(state_in, rec_on, fb) if lrt else None  # LRT's memory, for blocks >= s
         for i in range(a, b + 1):
-            if i == self.s and state_in is not None and self.fusion is not None:
-                x = where_on(rec_on, self.fusion(x, state_in), x)  # T2MLR: fuse at the input of block s
-            x = self.h[i](x, rope, pos, mask, cache, mem if i >= self.s else None)
+            x = self.h[i](x, rope, pos, mask, cache, state_in)
         return x
+
+    def read(self, state, rec_mask=None):
+        """The StateIn of one pass from the states its tokens read, (B, T, d); None: the plain model."""
+        return None if state is None else StateIn(self, state, rec_mask)
 
     def rope_and_mask(self, pos, cache):
         """The RoPE rows of the tokens at pos, and the attention mask: None where attention is
@@ -456,11 +478,6 @@ class GPT(nn.Module):
             kpos = torch.arange(pos[-1] + 1, device=self.rope_cos.device)
             qpos = torch.arange(pos.start, pos.stop, pos.step, device=kpos.device)
         return rope, (kpos[None, :] <= qpos[:, None]) & ((kpos[None, :] > qpos[:, None] - W) if W > 0 else True)
-
-    def fb(self, state_in):
-        # LRT-shared: W_fb state_in (B, T, 2, Hkv, hd), one projection for every layer; else None
-        shared = state_in is not None and self.lrt is not None and self.lrt.fb is not None and self.lrt.shared
-        return self.lrt.project(0, state_in) if shared else None
 
     def next_state(self, h, state_in, rec_mask=None):
         """The state token t hands to token t+1, from h = h^(e)_t and the state it read. A T2MLR
@@ -550,7 +567,7 @@ class GPT(nn.Module):
             if not zero_state:
                 state = new[:, -1:]
         h, reads = torch.cat(hs, 1), torch.cat(reads, 1)
-        x = self.run_blocks(h, self.e + 1, self.config.n_layer - 1, range(T), reads, cache, rec_mask)  # above
+        x = self.run_blocks(h, self.e + 1, self.config.n_layer - 1, range(T), self.read(reads, rec_mask), cache)  # above
         return x, reads, state[:, 0]
 
     def span_step(self, x, idx, pos, state, cache, rec_mask=None):
@@ -558,7 +575,7 @@ class GPT(nn.Module):
         (B, 1, d) what the token before handed on. -> (h^(e), the state read, the state handed on).
         (Block training: n tokens at once, x, idx, state (B, n, ...), the states each one reads.)"""
         read = self._reset(state, idx, rec_mask)
-        h = self.run_blocks(x, self.s, self.e, pos, read, cache, rec_mask)
+        h = self.run_blocks(x, self.s, self.e, pos, self.read(read, rec_mask), cache)
         return h, read, self.next_state(h, read, rec_mask)
 
     def _jacobi(self, idx, n_iter, n_grad, cache=None, rec_mask=None, recompute=False, tol=None):
@@ -570,9 +587,8 @@ class GPT(nn.Module):
         (prefill): stop once no state moves by more than tol. -> (x_out, state_in, h_e, passes)."""
         (B, T), D, grad = idx.shape, n_iter, torch.is_grad_enabled()
 
-        def span(st, fb=None):  # one pass of the span over the whole sequence, reading states st
-            run = lambda x, st: self.run_blocks(x, self.s, self.e, range(T), st, cache, rec_mask,
-                                                self.fb(st) if fb is None else fb)
+        def span(st, state_in=None):  # one pass of the span over the whole sequence, reading states st
+            run = lambda x, st: self.run_blocks(x, self.s, self.e, range(T), state_in or self.read(st, rec_mask), cache)
             if recompute and torch.is_grad_enabled():  # keep only the inputs; recompute in backward
                 return checkpoint(run, x, st, use_reentrant=False)
             return run(x, st)
@@ -599,9 +615,9 @@ class GPT(nn.Module):
                 passes = d + 3
                 break
         # 3. final pass: the span, then the layers above, with the state it read
-        fb = self.fb(state_in)
-        h = span(state_in, fb)
-        x = self.run_blocks(h, self.e + 1, self.config.n_layer - 1, range(T), state_in, cache, rec_mask, fb)
+        read = self.read(state_in, rec_mask)  # one StateIn for the span and the layers above
+        h = span(state_in, read)
+        x = self.run_blocks(h, self.e + 1, self.config.n_layer - 1, range(T), read, cache)
         return x, state_in, h, passes
 
     def forward_interleaved(self, idx, targets=None, n_subsets=2, rec_mask=None, n_rounds=1, recompute=False):
@@ -617,9 +633,9 @@ class GPT(nn.Module):
             # buffer after): a pure function, so that checkpointing can recompute it in backward
             buf = KVCache(L, T)
             buf.k[s:], buf.v[s:] = ks, vs
-            fb = self.fb(st)
-            h = self.run_blocks(x, s, self.e, P, st, buf, m, fb)
-            return h, self.run_blocks(h, self.e + 1, L - 1, P, st, buf, m, fb), buf.k[s:], buf.v[s:]
+            read = self.read(st, m)
+            h = self.run_blocks(x, s, self.e, P, read, buf)
+            return h, self.run_blocks(h, self.e + 1, L - 1, P, read, buf), buf.k[s:], buf.v[s:]
 
         def run(*args):  # with recompute: keep only the inputs, recompute the pass in backward
             return checkpoint(refine, *args, use_reentrant=False) if recompute and torch.is_grad_enabled() else refine(*args)
@@ -682,10 +698,10 @@ class GPT(nn.Module):
         if self.rec == 'none':
             return self._logits_loss(self.run_blocks(x, 0, self.config.n_layer - 1, pos, None, cache), None)[0], None
         read = self._reset(state[:, None], tok)
-        fb = self.fb(read)  # once per token, for every layer
-        h = self.run_blocks(x, 0, self.e, pos, read, cache, None, fb)
+        state_in = self.read(read)  # once per token, for every layer
+        h = self.run_blocks(x, 0, self.e, pos, state_in, cache)
         new_state = self.next_state(h, read)[:, 0]
-        x = self.run_blocks(h, self.e + 1, self.config.n_layer - 1, pos, read, cache, None, fb)
+        x = self.run_blocks(h, self.e + 1, self.config.n_layer - 1, pos, state_in, cache)
         return self._logits_loss(x, None)[0], new_state
 
     @torch.no_grad()

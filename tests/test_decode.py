@@ -113,7 +113,7 @@ def test_old_checkpoint_with_separate_projections_loads(tmp_path, kw):
         elif k.endswith('mlp.w_gu.weight'):
             pre = k[:-len('w_gu.weight')]
             old[pre + 'w_gate.weight'], old[pre + 'w_up.weight'] = w.split([hid, hid])
-        elif k.startswith('lrt.fb.'):
+        elif k.startswith('lrt.w_fb.'):
             j = k.split('.')[2]
             old[f'lrt_fb_k.{j}.weight'], old[f'lrt_fb_v.{j}.weight'] = w.split([dkv, dkv])
         elif k.startswith('lrt.gate.'):  # the layout before LRT was one module: per block
