@@ -247,7 +247,7 @@ def plot_trace(cols, path, title):
 # teacher-forced accuracy on labelled task rows (train.py's evaluation, sample.py --eval_split)
 
 @torch.no_grad()
-def task_accuracy(model, X, Y, M=None, mode='exact', batch_size=256, ctx=nullcontext(), kinds=None, **scheme):
+def task_accuracy(model, X, Y, M=None, mode='exact', batch_size=256, ctx=nullcontext(), kinds=None, engine=None, **scheme):
     """X, Y: (n, T) arrays of inputs and aligned labels (-1 = none); M: optional (n, T) recurrence
     mask (prompt/response data: the labelled positions are the response). One forward per batch
     in `mode` (scheme: its n_iter, ...). -> dict: loss (mean cross-entropy over labelled
@@ -255,7 +255,8 @@ def task_accuracy(model, X, Y, M=None, mode='exact', batch_size=256, ctx=nullcon
     em (rows with every labelled position right), pos_acc (T,) accuracy by position, step_acc
     (right at t given right at t-1, over labelled pairs: a tracker that learned the step with
     accuracy p decays like p^t). kinds: {name: (T,) bool} -> also acc_<name>, the accuracy at
-    those positions (s5_retrieval: the states and the values, tasks.position_kinds)."""
+    those positions (s5_retrieval: the states and the values, tasks.position_kinds). engine: an
+    engine.Engine of the model that runs the forward instead (train.py's compiled exact modes)."""
     device = model.lm_head.weight.device
     n, T = X.shape
     right_n = labelled_n = em = kept = prev = 0
@@ -266,7 +267,7 @@ def task_accuracy(model, X, Y, M=None, mode='exact', batch_size=256, ctx=nullcon
         y = torch.from_numpy(np.asarray(Y[i:i + batch_size], dtype=np.int64)).to(device)
         m = None if M is None else torch.from_numpy(np.asarray(M[i:i + batch_size], dtype=np.bool_)).to(device)
         with ctx:
-            logits = model(x, mode=mode, rec_mask=m, **scheme)[0]
+            logits = (engine or model)(x, mode=mode, rec_mask=m, **scheme)[0]
         mask = y != -1
         loss_sum += F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-1, reduction='sum').item()
         right = (logits.argmax(-1) == y) & mask

@@ -128,8 +128,7 @@ def check_scheme(mode, n_iter=8, n_grad=4, n_subsets=2, n_rounds=1, T=None, bloc
 class KVCache:
     """Per-layer keys (after RoPE) and values, (B, n_kv_head, max_len, head_dim), by position.
     write(i, pos, k, v): pos a range, return the prefix 0..pos[-1] (under autograd out of place:
-    gradients flow through the buffer). write_static: pos a (1,) tensor, written in place, the
-    WHOLE buffer returned: no shape depends on pos, so torch.compile compiles the step once."""
+    gradients flow through the buffer). (engine.py's StaticKVCache: the same, for compiled steps.)"""
 
     def __init__(self, n_layer, max_len):
         self.max_len, self.k, self.v = max_len, [None] * n_layer, [None] * n_layer
@@ -139,9 +138,6 @@ class KVCache:
         if self.k[i] is None or self.k[i].dtype != k.dtype or self.k[i].size(0) != k.size(0):
             shape = (k.size(0), k.size(1), self.max_len, k.size(3))
             self.k[i], self.v[i] = k.new_zeros(shape), v.new_zeros(shape)
-            if not torch.is_grad_enabled() and not torch.compiler.is_compiling():
-                for t in (self.k[i], self.v[i]):  # a fixed address, which a CUDA graph may write in place
-                    torch._dynamo.mark_static_address(t)
         elif self.k[i].size(2) < self.max_len:
             self.k[i], self.v[i] = (F.pad(t, (0, 0, 0, self.max_len - t.size(2))) for t in (self.k[i], self.v[i]))
 
@@ -161,16 +157,6 @@ class KVCache:
             self.k[i][:, :, pos.start:pos.stop:pos.step] = k
             self.v[i][:, :, pos.start:pos.stop:pos.step] = v
         return self.k[i][:, :, :kv_len], self.v[i][:, :, :kv_len]
-
-    def write_static(self, i, pos, k, v):
-        # pos: (1,) long tensor, k/v: (B, Hkv, 1, hd)
-        self._full(i, k, v)
-        if torch.is_grad_enabled():
-            self.k[i], self.v[i] = self.k[i].index_copy(2, pos, k), self.v[i].index_copy(2, pos, v)
-        else:  # in place: O(1) memory traffic per token
-            self.k[i].index_copy_(2, pos, k)
-            self.v[i].index_copy_(2, pos, v)
-        return self.k[i], self.v[i]
 
 # -----------------------------------------------------------------------------
 # backbone
@@ -241,7 +227,7 @@ class Attention(nn.Module):
             v = v.contiguous()  # else backward keeps the whole qkv storage alive through this view
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, hd)
         if cache is not None:  # now (B, Hkv, keys, hd): every key the queries may see
-            k, v = cache.write_static(self.i, pos, k, v) if torch.is_tensor(pos) else cache.write(self.i, pos, k, v)
+            k, v = cache.write(self.i, pos, k, v)
         y = attend(q, k, v, mask, self.dropout if self.training else 0.0)
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))
 
@@ -446,8 +432,8 @@ class GPT(nn.Module):
     # the primitive: run blocks a..b at positions pos
 
     def run_blocks(self, x, a, b, pos, state_in=None, cache=None):
-        """x: (B, T, d), the stream at the input of block a, of the tokens at positions pos: a range,
-        or a (1,) tensor (the static one-token step, over the cache's whole buffer). state_in: the
+        """x: (B, T, d), the stream at the input of block a, of the tokens at positions pos (a
+        range: 0..T-1, one token range(t, t + 1), or a strided subset). state_in: the
         StateIn each token reads (the state, where the recurrence is on, LRT's projection); None
         runs the plain model. cache: a KVCache to write into and attend over (None: tokens 0..T-1
         among themselves)."""
@@ -467,17 +453,13 @@ class GPT(nn.Module):
         causal among the tokens (or one query sees the whole prefix), else (T, keys) bool by
         original position: a query at q reads a key at p iff p <= q (and p > q - W, a window)."""
         W = self.config.attn_window
-        if torch.is_tensor(pos):  # the static step: every position of the cache's buffer is a key
-            rope = (self.rope_cos.index_select(0, pos)[:, None], self.rope_sin.index_select(0, pos)[:, None])
-            kpos, qpos = torch.arange(cache.max_len, device=pos.device), pos
-        else:
-            rope = (self.rope_cos[pos.start:pos.stop:pos.step, None], self.rope_sin[pos.start:pos.stop:pos.step, None])
-            strided = cache is not None and len(pos) > 1 and not (pos.start == 0 and pos.step == 1)
-            if W == 0 and not strided:
-                return rope, None
-            kpos = torch.arange(pos[-1] + 1, device=self.rope_cos.device)
-            qpos = torch.arange(pos.start, pos.stop, pos.step, device=kpos.device)
-        return rope, (kpos[None, :] <= qpos[:, None]) & ((kpos[None, :] > qpos[:, None] - W) if W > 0 else True)
+        rope = (self.rope_cos[pos.start:pos.stop:pos.step, None], self.rope_sin[pos.start:pos.stop:pos.step, None])
+        strided = cache is not None and len(pos) > 1 and not (pos.start == 0 and pos.step == 1)
+        if W == 0 and not strided:
+            return rope, None
+        kpos = torch.arange(pos[-1] + 1, device=self.rope_cos.device)
+        qpos = torch.arange(pos.start, pos.stop, pos.step, device=kpos.device)
+        return rope, causal_mask(qpos, kpos, W)
 
     def next_state(self, h, state_in, rec_mask=None):
         """The state token t hands to token t+1, from h = h^(e)_t and the state it read. A T2MLR
@@ -515,7 +497,7 @@ class GPT(nn.Module):
     # forward passes
 
     def forward(self, idx, targets=None, mode='exact', n_iter=8, n_grad=4, n_subsets=2, rec_mask=None, n_rounds=1,
-                recompute=False, compile=False, block_len=1):
+                recompute=False, block_len=1):
         """idx, targets: (B, T) token ids (targets -1 = no loss). Returns (logits (B, T, V), loss).
         mode: 'plain'        the backbone alone, recurrence bypassed
               'exact'        the exact sequential recurrence (what generation computes)
@@ -525,7 +507,7 @@ class GPT(nn.Module):
               'zero'         the exact forward with every position reading an all-zero state
         rec_mask: optional (B, T) bool, where the recurrence is on (default: everywhere).
         recompute: activation checkpointing of the passes that keep a graph (recomputed in
-        backward). compile: the exact modes' span steps through the compiled static step.
+        backward). (Compiled exact and zero modes: engine.Engine.forward.)
         With recurrence='none' every mode is the plain parallel forward."""
         T = idx.size(1)
         if T > self.config.block_size:
@@ -535,18 +517,18 @@ class GPT(nn.Module):
             x = self.run_blocks(self.drop(self.wte(idx)), 0, self.config.n_layer - 1, range(T))
         elif mode in ('exact', 'zero', 'block'):
             C = block_len if mode == 'block' else 1
-            x, _, _ = self._exact(idx, KVCache(self.config.n_layer, T), rec_mask, mode == 'zero', compile and C == 1, C)
+            x, _, _ = self._exact(idx, KVCache(self.config.n_layer, T), rec_mask, mode == 'zero', C)
         elif mode == 'jacobi':
             x = self._jacobi(idx, n_iter, n_grad, None, rec_mask, recompute)[0]
         else:
             return self.forward_interleaved(idx, targets, n_subsets, rec_mask, n_rounds, recompute)
         return self._logits_loss(x, targets)
 
-    def _exact(self, idx, cache, rec_mask=None, zero_state=False, compile=False, chunk=1):
+    def _exact(self, idx, cache, rec_mask=None, zero_state=False, chunk=1, span_step=None):
         """The exact recurrence (DESIGN.md 5): token t reads the state token t-1 handed on. Below
         and above the span run in parallel; only the span runs token by token. zero_state
         (mode='zero'): no state is handed on, every token reads 0, so loss(zero) - loss(exact)
-        is what the state carries. compile: the span steps through the compiled static step.
+        is what the state carries. span_step: the one-token step (engine.py passes its compiled one).
         chunk = C > 1: block training (DESIGN.md 7, "Block training"; the LRT paper's baseline, which
         its official code does not implement): the span runs C tokens at a time, the first reading
         the state the chunk before handed on, the others 0.
@@ -554,14 +536,12 @@ class GPT(nn.Module):
         B, T = idx.shape
         x = self.run_blocks(self.drop(self.wte(idx)), 0, self.s - 1, range(T), None, cache)  # below
         state = x.new_zeros(B, 1, self.config.n_embd)  # R_{-1} = 0
-        hs, reads = [], []
+        step, hs, reads = span_step or self.span_step, [], []
         for t in range(0, T, chunk):  # the recurrence, one token (or chunk) at a time
             u = min(t + chunk, T)
-            m = None if rec_mask is None else rec_mask[:, t:u]
-            step = self.compiled('span_step', compile) if compile and t else self.span_step  # token 0 allocates the cache
-            pos = torch.tensor([t], device=idx.device) if compile else range(t, u)
+            mask = None if rec_mask is None else rec_mask[:, t:u]
             st = state if u - t == 1 else F.pad(state, (0, 0, 0, u - t - 1))  # (B, u - t, d): 0 inside a chunk
-            h, read, new = step(x[:, t:u], idx[:, t:u], pos, st, cache, m)
+            h, read, new = step(x[:, t:u], idx[:, t:u], range(t, u), st, cache, mask)
             hs.append(h)
             reads.append(read)
             if not zero_state:
@@ -663,7 +643,7 @@ class GPT(nn.Module):
     # generation: KV cache + one state vector per sequence, one pass per token
 
     @torch.no_grad()
-    def prefill(self, idx, cache, mode='exact', n_iter=8, compile=False, tol=None):
+    def prefill(self, idx, cache, mode='exact', n_iter=8, tol=None):
         """A prompt into the cache -> (logits (B, T, V), the state the next token reads (B, d), span
         passes). mode: 'exact'; 'jacobi' (D = n_iter; with tol, until no state moves by more than
         tol, at most T iterations: exact by construction); 'plain' (no recurrence in the prompt)."""
@@ -673,7 +653,7 @@ class GPT(nn.Module):
             return self._logits_loss(x, None)[0], None, 0
         passes = T if mode == 'exact' else 0
         if mode == 'exact':
-            x, _, state = self._exact(idx, cache, compile=compile)
+            x, _, state = self._exact(idx, cache)
         elif mode == 'jacobi':
             # the state of the last prompt token from the final pass (one refinement beyond
             # the official code, which seeds decoding from its last iteration)
@@ -690,10 +670,8 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def decode_step(self, tok, pos, state, cache):
-        """One forward pass for one new token per sequence. tok: (B, 1) at position pos, a (1,)
-        long tensor (or an int); state: (B, d) from token pos-1. -> (logits (B, 1, V), new state
-        (B, d)). The static step: no shape depends on pos, so torch.compile compiles it once."""
-        pos = pos if torch.is_tensor(pos) else torch.tensor([pos], device=tok.device)
+        """One forward pass for one new token per sequence. tok: (B, 1) at position t, pos =
+        range(t, t + 1); state: (B, d) from token t-1. -> (logits (B, 1, V), new state (B, d))."""
         x = self.wte(tok)
         if self.rec == 'none':
             return self._logits_loss(self.run_blocks(x, 0, self.config.n_layer - 1, pos, None, cache), None)[0], None
@@ -706,12 +684,11 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, prefill='exact', prefill_iters=8,
-                 return_logits=False, generator=None, stop_token=None, on_token=None, compile=False, prefill_tol=None):
+                 return_logits=False, generator=None, stop_token=None, on_token=None, prefill_tol=None):
         """idx: (B, T0) prompts -> (B, T0 + max_new_tokens) tokens (return_logits: and the logits
         of every next token). One forward pass per new token after the prefill. temperature 0 =
         greedy; on_token(tokens so far) after each token; stop_token: stop once every row made it.
-        compile: True or a mode ('reduce-overhead': CUDA graphs): the same steps compiled, over one
-        KV cache per shape kept across calls, so a CUDA graph recorded once replays."""
+        (The same loop over compiled steps: engine.Engine.generate.)"""
         B, T0 = idx.shape
         check_sampling(temperature, top_k)
         if prefill == 'jacobi' and not prefill_iters >= 1:  # 0 or less: a negative pass count, no prefill at all
@@ -720,12 +697,8 @@ class GPT(nn.Module):
             raise ValueError(f"prefill_tol={prefill_tol} must be >= 0 (or None: prefill_iters passes)")
         if T0 + max_new_tokens > self.config.block_size:
             raise ValueError(f"prompt {T0} + {max_new_tokens} new tokens exceeds block_size {self.config.block_size}")
-        cache = KVCache(self.config.n_layer, T0 + max_new_tokens)
-        if compile:
-            cache = self.__dict__.setdefault('_caches', {}).setdefault((B, T0 + max_new_tokens), cache)
-        logits, state, _ = self.prefill(idx, cache, prefill, prefill_iters, compile, prefill_tol)
-        decode = self.compiled('decode_step', compile) if compile else self.decode_step
-        cuda_graphs = 'reduce-overhead' in (compile, getattr(compile, 'get', dict().get)('mode'))
+        cache = self.new_cache(B, T0 + max_new_tokens)
+        logits, state, _ = self.prefill(idx, cache, prefill, prefill_iters, prefill_tol)
         all_logits, out, done = [logits], [idx], torch.zeros(B, 1, dtype=torch.bool, device=idx.device)
         for step in range(max_new_tokens):
             tok = sample(logits[:, -1], temperature, top_k, generator)  # (B, 1)
@@ -737,22 +710,13 @@ class GPT(nn.Module):
                 if done.all():
                     break
             if step < max_new_tokens - 1:
-                logits, state = decode(tok, torch.tensor([T0 + step], device=idx.device), state, cache)
-                if cuda_graphs:  # CUDA graph outputs are overwritten by the next replay
-                    logits, state = logits.clone(), state if state is None else state.clone()
+                logits, state = self.decode_step(tok, range(T0 + step, T0 + step + 1), state, cache)
                 all_logits.append(logits)
         return (torch.cat(out, 1), torch.cat(all_logits, 1)) if return_logits else torch.cat(out, 1)
 
-    def compiled(self, name, compile=True):
-        """torch.compile'd self.<name> (a static step: 'decode_step' or 'span_step'), built once per
-        model and setting. compile: True, a mode ('reduce-overhead': CUDA graphs) or a dict of
-        torch.compile arguments. (A compiler that fails here: configurator.compile_errors.)"""
-        kw = {} if compile is True else dict(mode=compile) if isinstance(compile, str) else dict(compile)
-        steps = self.__dict__.setdefault('_compiled_steps', {})
-        key = (name, tuple(sorted(kw.items())))
-        if key not in steps:
-            steps[key] = torch.compile(getattr(self, name), dynamic=False, **kw)
-        return steps[key]
+    def new_cache(self, B, max_len):
+        """The KV cache generate decodes over: max_len positions (B: engine.py keeps one per shape)."""
+        return KVCache(self.config.n_layer, max_len)
 
     def param_groups(self, weight_decay, rec_lr_mult=1.0, rec_weight_decay=None):
         """AdamW groups: decay on matrices (dim >= 2) only. The recurrence's own parameters get
@@ -771,6 +735,11 @@ class GPT(nn.Module):
 
 # -----------------------------------------------------------------------------
 # helpers
+
+def causal_mask(qpos, kpos, window=0):
+    """(Tq, Tk) bool: a query at position q reads a key at p iff p <= q (and p > q - window, window > 0)."""
+    return (kpos[None, :] <= qpos[:, None]) & ((kpos[None, :] > qpos[:, None] - window) if window > 0 else True)
+
 
 def where_on(rec_on, new, old):
     """new where the recurrence is on (rec_on: (B, T, 1) bool, None = everywhere), else old."""

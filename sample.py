@@ -54,6 +54,7 @@ from configurator import autocast, check_out_file, compile_errors, configure, fa
 from dataset import (check_hub, data_fingerprint, get_tokenizer, load_answers, load_meta, load_rec_mask, load_split,
                      missing_folder, short)
 from diagnostics import corpus_loss, plot_trace, task_accuracy, trace_values
+from engine import Engine
 from model import GPT, GPTConfig
 from sft import extract_answer
 from tasks import position_kinds, task_labels, task_rec_mask
@@ -517,19 +518,19 @@ if __name__ == '__main__':
     idx = torch.tensor([ids], dtype=torch.long, device=device)
     generator = torch.Generator(device=device).manual_seed(seed)
     kw = dict(temperature=temperature, top_k=top_k or None, prefill=prefill, prefill_iters=prefill_iters, generator=generator,
-              prefill_tol=prefill_tol if prefill_tol >= 0 else None,
-              compile=compile)
+              prefill_tol=prefill_tol if prefill_tol >= 0 else None)
+    gen = Engine(model, compile=True) if compile else model  # engine.py: the same steps, compiled
     with ctx, compile_errors() if compile else nullcontext():
         if num_samples == 1 and stream:
             prompt_text = decode(ids[skip:]).rstrip('\ufffd')
             print(prompt_text, end='', flush=True)
             on_token, shown = printer(decode, skip, prompt_text)
-            y = model.generate(idx, max_new_tokens, on_token=on_token, **kw)
+            y = gen.generate(idx, max_new_tokens, on_token=on_token, **kw)
             text = decode(y[0, skip:].tolist())
             print(text[len(shown[0]):] if text.startswith(shown[0]) else '\n' + text)
             print('---------------')
         else:
-            y = model.generate(idx.repeat(num_samples, 1), max_new_tokens, **kw)
+            y = gen.generate(idx.repeat(num_samples, 1), max_new_tokens, **kw)
             for row in y.tolist():
                 print(decode(row[skip:]))
                 print('---------------')

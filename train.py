@@ -57,6 +57,7 @@ from configurator import autocast as precision, compile_errors, configure, fail
 from dataset import check_hub, data_fingerprint, load_meta, load_rec_mask, load_split, missing_folder
 from diagnostics import gate_stats, task_accuracy
 from flops import flops_per_token
+from engine import Engine
 from model import GPT, GPTConfig, check_scheme
 from tasks import position_kinds
 
@@ -438,6 +439,7 @@ if ptdtype == torch.float64:
     model = model.double()
 model.to(device)
 raw_model = model  # unwrapped and uncompiled: eval, generation and checkpoints use it
+exact_engine = Engine(raw_model) if compile and raw_model.config.recurrence != 'none' else None  # compiled exact eval
 groups = raw_model.param_groups(weight_decay, rec_lr_mult, None if rec_weight_decay < 0 else rec_weight_decay)
 fused = device_type == 'cuda'
 optimizer = torch.optim.AdamW(groups, lr=learning_rate, betas=(beta1, beta2), fused=fused)
@@ -499,14 +501,15 @@ def get_lr(it):
 def evaluate(final=True):
     """Returns a dict of metrics (final=False: an intermediate evaluation, on eval_examples_mid
     rows). Runs on the raw model, never through the DDP wrapper (whose forward would start a
-    collective only this process joins). With compile, the exact modes run their span steps
-    through the compiled static step (model.py _exact)."""
+    collective only this process joins). With compile, the exact modes run through the
+    engine (engine.py: the compiled span step)."""
     raw_model.eval()
     out = {}
     recurrent = raw_model.config.recurrence != 'none'
     modes = [('approx', train_mode)] + ([('exact', 'exact'), ('zero', 'zero')] if recurrent else [])
     kw = lambda mode: dict(mode=mode, n_iter=n_iter, n_grad=n_grad, n_subsets=n_subsets, n_rounds=n_rounds,
-                           block_len=block_len, compile=compile and mode in ('exact', 'zero'))
+                           block_len=block_len)
+    engine = lambda mode: exact_engine if mode in ('exact', 'zero') else None
     for split in ['train', 'val'] + (['test'] if 'test' in meta['splits'] and not is_task else []):
         for tag, mode in modes:
             gen = torch.Generator().manual_seed(1234)  # the same batches at every eval
@@ -515,7 +518,7 @@ def evaluate(final=True):
             for _ in range(n):
                 x, y, m = draw_batch(gen, split, batch_size)
                 with autocast:
-                    losses.append(raw_model(x, y, rec_mask=m, **kw(mode))[1].item())
+                    losses.append((engine(mode) or raw_model)(x, y, rec_mask=m, **kw(mode))[1].item())
             out[f'{split}/loss_{tag}'] = sum(losses) / len(losses)
         if not recurrent:  # no state: exact and zero-state are the plain forward
             out[f'{split}/loss_exact'] = out[f'{split}/loss_zero'] = out[f'{split}/loss_approx']
@@ -529,7 +532,7 @@ def evaluate(final=True):
             n = min(len(X), eval_examples if final or eval_examples_mid < 1 else eval_examples_mid)
             for tag, mode in modes:
                 r = task_accuracy(raw_model, X[:n], Y[:n], None if M is None else M[:n], batch_size=eval_batch_size,
-                                  ctx=autocast, kinds=position_kinds(meta, split), **kw(mode))
+                                  ctx=autocast, kinds=position_kinds(meta, split), engine=engine(mode), **kw(mode))
                 out[f'{split}/acc_{tag}'], out[f'{split}/em_{tag}'] = r['acc'], r['em']
                 out.update({f'{split}/{k}_{tag}': v for k, v in r.items() if k.startswith('acc_')})  # s5_retrieval
             if not recurrent:
