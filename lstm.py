@@ -31,7 +31,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from model import GPT, ce_loss, check_scheme
+from checks import check_scheme
+from model import GPT, ce_loss
 
 
 @dataclass

@@ -11,6 +11,7 @@ Layers are 0-based; h^(l)_t is the residual stream at the OUTPUT of block l for 
   above = blocks e+1..L-1   read the state (LRT) or not (T2MLR), never feed it: in parallel
 Every path (exact, Jacobi, interleaved, prefill, decode) is built on one primitive, run_blocks:
 "run blocks a..b for the tokens at positions pos, each reading its state, over this KV cache".
+engine.py runs the same steps fast: static shapes for torch.compile and CUDA graphs.
 """
 
 import math
@@ -21,6 +22,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+from checks import check_generate, check_model_config, check_sampling, check_scheme
 
 # -----------------------------------------------------------------------------
 # config
@@ -68,59 +71,8 @@ class GPTConfig:
     def padded_vocab(self):
         return self.vocab_pad * math.ceil(self.vocab_size / self.vocab_pad)
 
-    def validate(self):
-        """The one check of a model's settings: the first one broken is a ValueError naming it."""
-        for k in ('block_size', 'vocab_size', 'vocab_pad', 'n_layer', 'n_head', 'n_kv_head', 'n_embd', 'mlp_hidden'):
-            if getattr(self, k) < 1:
-                raise ValueError(f"GPTConfig: {k}={getattr(self, k)} must be >= 1")
-        L, s, e, hd = self.n_layer, self.rec_start, self.rec_end, self.n_embd // self.n_head
-        rules = [
-            (self.n_embd % self.n_head == 0, f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}"),
-            (self.n_head % self.n_kv_head == 0, f"n_head={self.n_head} is not divisible by n_kv_head={self.n_kv_head}"),
-            (hd % 2 == 0, f"head dim {hd} must be even for RoPE"),
-            (0 <= self.lrt_gate_channels <= self.n_embd,
-             f"lrt_gate_channels={self.lrt_gate_channels} must be in 0..n_embd={self.n_embd} (0 = all channels)"),
-            (self.attn_window >= 0, f"attn_window={self.attn_window} must be >= 0 (0 = full causal attention)"),
-            # a vocab_pad far past any real vocabulary only allocates rows that are never used (1e9: out of memory)
-            (self.vocab_pad <= 4096, f"vocab_pad={self.vocab_pad} must be in 1..4096 (128 is the usual)"),
-            # norm_eps <= 0 or rope_theta <= 0 make NaNs on the first step, which read as a diverged learning rate
-            (self.norm_eps > 0, f"norm_eps={self.norm_eps} must be > 0"),
-            (self.rope_theta > 0, f"rope_theta={self.rope_theta} must be > 0"),
-            (self.rec_gate_gain >= 0, f"rec_gate_gain={self.rec_gate_gain} must be >= 0 (a xavier gain)"),
-            (0.0 <= self.dropout < 1.0, f"dropout={self.dropout} must be in [0, 1)"),
-            (0 < self.rec_scale_min <= self.rec_scale_max,
-             f"rec_scale_min={self.rec_scale_min}, rec_scale_max={self.rec_scale_max}: need 0 < min <= max"),
-            (self.recurrence in ('none', 't2mlr', 'lrt'),
-             f"unknown recurrence {self.recurrence!r}; expected 'none', 't2mlr' or 'lrt'"),
-            (self.jacobi_init in ('plain', 'zero'),
-             f"unknown jacobi_init {self.jacobi_init!r}; expected 'plain' (the official code) or 'zero'"),
-            (self.lrt_inject in ('kv', 'residual', 'both'),
-             f"unknown lrt_inject {self.lrt_inject!r}; expected 'kv', 'residual' or 'both'"),
-            (self.reset_token is None or 0 <= self.reset_token < self.vocab_size,
-             f"reset_token={self.reset_token} is not a token id (vocab_size={self.vocab_size})")]
-        if self.recurrence != 'none':
-            rules += [(0 <= s < L, f"rec_start={s} is out of range for n_layer={L} (layers are 0..{L-1})"),
-                      (0 <= e < L, f"rec_end={e} is out of range for n_layer={L} (layers are 0..{L-1}, or -1 for the last)"),
-                      (e >= s, f"rec_end={e} < rec_start={s}: the state must be read at or above the layer that receives it")]
-        for ok, msg in rules:
-            if not ok:
-                raise ValueError(f"GPTConfig: {msg}")
-
-
-def check_scheme(mode, n_iter=8, n_grad=4, n_subsets=2, n_rounds=1, T=None, block_len=1):
-    """The one check of a forward mode and the training schemes' settings (train.py runs it at
-    start-up, forward on every call). T: the sequence length, when known."""
-    for ok, msg in [
-            (mode in ('plain', 'exact', 'jacobi', 'interleaved', 'block', 'zero'),
-             f"unknown mode {mode!r}; expected 'plain', 'exact', 'jacobi', 'interleaved', 'block' or 'zero'"),
-            (block_len >= 1, f"block_len={block_len}: block training needs chunks of at least one token"),
-            (n_iter >= 1, f"n_iter={n_iter}: Jacobi needs at least one iteration (n_iter >= 1)"),
-            (0 <= n_grad <= n_iter, f"n_grad={n_grad}: the Jacobi iterations with gradient must be 0..n_iter={n_iter}"),
-            (n_subsets >= 1 and not (mode == 'interleaved' and T is not None and n_subsets > T),
-             f"n_subsets={n_subsets}: interleaved needs 1 <= n_subsets <= the sequence length {T}"),
-            (n_rounds >= 1, f"n_rounds={n_rounds}: interleaved needs at least one round")]:
-        if not ok:
-            raise ValueError(msg)
+    def validate(self):  # the one check of a model's settings (checks.py): a ValueError naming the first broken
+        check_model_config(self)
 
 # -----------------------------------------------------------------------------
 # KV cache: the one mechanism behind decoding, the exact forward and the interleaved training buffer
@@ -128,7 +80,7 @@ def check_scheme(mode, n_iter=8, n_grad=4, n_subsets=2, n_rounds=1, T=None, bloc
 class KVCache:
     """Per-layer keys (after RoPE) and values, (B, n_kv_head, max_len, head_dim), by position.
     write(i, pos, k, v): pos a range, return the prefix 0..pos[-1] (under autograd out of place:
-    gradients flow through the buffer). (engine.py's StaticKVCache: the same, for compiled steps.)"""
+    gradients flow through the buffer). (engine.py's StaticKVCache adds an in-place one-token write.)"""
 
     def __init__(self, n_layer, max_len):
         self.max_len, self.k, self.v = max_len, [None] * n_layer, [None] * n_layer
@@ -239,7 +191,7 @@ class MLP(nn.Module):
         self.w_gu = nn.Linear(config.n_embd, 2 * config.mlp_hidden, bias=False)
         self.w_down = nn.Linear(config.mlp_hidden, config.n_embd, bias=False)
 
-    def forward(self, x):
+    def forward(self, x):  # SwiGLU: W_down (silu(W_gate x) * W_up x)
         gate, up = self.w_gu(x).chunk(2, dim=-1)
         return self.w_down(F.silu(gate) * up)
 
@@ -316,9 +268,7 @@ class LRT(nn.Module):
         self.s, self.shared, self.Hkv, self.hd = s, c.lrt_shared, c.n_kv_head, c.n_embd // c.n_head
         self.w_fb = self.gate = self.alpha = self.gamma = None
         if c.lrt_inject != 'residual':
-            # the gates read the first gate_in channels of the normed input (the official code can
-            # be set to read fewer than all: DESIGN.md 11)
-            self.gate_in = c.lrt_gate_channels or c.n_embd
+            self.gate_in = c.lrt_gate_channels or c.n_embd  # the gates read the first gate_in channels (DESIGN.md 11)
             self.w_fb = nn.ModuleList([nn.Linear(c.n_embd, 2 * c.n_kv_head * self.hd, bias=False)
                                        for _ in range(1 if c.lrt_shared else n)])
             self.gate = nn.ModuleList([nn.Linear(self.gate_in, 2 * c.n_kv_head, bias=False) for _ in range(n)])
@@ -362,27 +312,24 @@ class StateIn:
     Block i calls enter(i, x) on its input and Attention gated_kv(i, a, qkv) on its keys/values."""
 
     def __init__(self, model, state, rec_mask=None):
-        self.model, self.state = model, state
+        self.s, self.fusion, self.lrt, self.state = model.s, model.fusion, model.lrt, state
         self.on = None if rec_mask is None else rec_mask.unsqueeze(-1)
-        lrt = model.lrt
-        self.mem_kv = lrt.project(0, state) if lrt is not None and lrt.w_fb is not None and lrt.shared else None
+        shared = self.lrt is not None and self.lrt.w_fb is not None and self.lrt.shared
+        self.mem_kv = self.lrt.project(0, state) if shared else None
 
     def enter(self, i, x):
         # T2MLR: x <- Phi(x, R) at the input of block s (DESIGN.md 3); LRT: x <- alpha x + gamma m
         # at every block >= s (DESIGN.md 4)
-        m = self.model
-        if i == m.s and m.fusion is not None:
-            return where_on(self.on, m.fusion(x, self.state), x)
-        if i >= m.s and m.lrt is not None:
-            return m.lrt.residual(i - m.s, x, self.state, self.on)
+        if i == self.s and self.fusion is not None:
+            return where_on(self.on, self.fusion(x, self.state), x)
+        if i >= self.s and self.lrt is not None:
+            return self.lrt.residual(i - self.s, x, self.state, self.on)
         return x
 
-    def gated_kv(self, i, a, qkv):
-        # LRT: k <- g_loc k + g_fb W_fb_k m_{t-1}, the same for v (DESIGN.md 4)
-        m = self.model
-        if i < m.s or m.lrt is None:
+    def gated_kv(self, i, a, qkv):  # LRT: k <- g_loc k + g_fb W_fb_k m_{t-1}, the same for v (DESIGN.md 4)
+        if i < self.s or self.lrt is None:
             return qkv
-        return m.lrt.gated_kv(i - m.s, a, qkv, self.state, self.mem_kv, self.on)
+        return self.lrt.gated_kv(i - self.s, a, qkv, self.state, self.mem_kv, self.on)
 
 # -----------------------------------------------------------------------------
 # the model
@@ -424,9 +371,7 @@ class GPT(nn.Module):
         if self.lrt is not None:
             self.lrt.init_weights(c.lrt_identity_init)
 
-    @staticmethod
-    def is_rec_param(name):  # the parameters the recurrence adds on top of the plain GPT
-        return name.startswith(('fusion.', 'lrt.'))
+    is_rec_param = staticmethod(lambda name: name.startswith(('fusion.', 'lrt.')))  # the recurrence's own
 
     # ------------------------------------------------------------------
     # the primitive: run blocks a..b at positions pos
@@ -444,14 +389,12 @@ class GPT(nn.Module):
             x = self.h[i](x, rope, pos, mask, cache, state_in)
         return x
 
-    def read(self, state, rec_mask=None):
-        """The StateIn of one pass from the states its tokens read, (B, T, d); None: the plain model."""
+    def read(self, state, rec_mask=None):  # the StateIn of a pass from its tokens' states (B, T, d); None: plain
         return None if state is None else StateIn(self, state, rec_mask)
 
     def rope_and_mask(self, pos, cache):
         """The RoPE rows of the tokens at pos, and the attention mask: None where attention is
-        causal among the tokens (or one query sees the whole prefix), else (T, keys) bool by
-        original position: a query at q reads a key at p iff p <= q (and p > q - W, a window)."""
+        causal among the tokens (or one query sees the whole prefix), else (T, keys) causal_mask."""
         W = self.config.attn_window
         rope = (self.rope_cos[pos.start:pos.stop:pos.step, None], self.rope_sin[pos.start:pos.stop:pos.step, None])
         strided = cache is not None and len(pos) > 1 and not (pos.start == 0 and pos.step == 1)
@@ -489,8 +432,8 @@ class GPT(nn.Module):
             state_in = state_in * rec_mask.unsqueeze(-1).to(state_in.dtype)
         return state_in
 
-    def _logits_loss(self, x, targets):
-        logits = self.lm_head(self.ln_f(x))[..., :self.config.vocab_size]  # padded rows: never sampled, never in the loss
+    def _logits_loss(self, x, targets):  # the padded vocabulary rows: never sampled, never in the loss
+        logits = self.lm_head(self.ln_f(x))[..., :self.config.vocab_size]
         return logits, (None if targets is None else ce_loss(logits, targets))
 
     # ------------------------------------------------------------------
@@ -501,14 +444,13 @@ class GPT(nn.Module):
         """idx, targets: (B, T) token ids (targets -1 = no loss). Returns (logits (B, T, V), loss).
         mode: 'plain'        the backbone alone, recurrence bypassed
               'exact'        the exact sequential recurrence (what generation computes)
-              'jacobi'       Jacobi iterations (D = n_iter, gradient through the last B = n_grad)
+              'jacobi'       Jacobi iterations (D = n_iter, gradient through the last n_grad)
               'interleaved'  n_subsets strided subsets refined in order, n_rounds times
               'block'        chunks of block_len tokens in order, the state crossing chunk boundaries only
               'zero'         the exact forward with every position reading an all-zero state
         rec_mask: optional (B, T) bool, where the recurrence is on (default: everywhere).
         recompute: activation checkpointing of the passes that keep a graph (recomputed in
-        backward). (Compiled exact and zero modes: engine.Engine.forward.)
-        With recurrence='none' every mode is the plain parallel forward."""
+        backward). With recurrence='none' every mode is the plain parallel forward."""
         T = idx.size(1)
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
@@ -528,10 +470,9 @@ class GPT(nn.Module):
         """The exact recurrence (DESIGN.md 5): token t reads the state token t-1 handed on. Below
         and above the span run in parallel; only the span runs token by token. zero_state
         (mode='zero'): no state is handed on, every token reads 0, so loss(zero) - loss(exact)
-        is what the state carries. span_step: the one-token step (engine.py passes its compiled one).
-        chunk = C > 1: block training (DESIGN.md 7, "Block training"; the LRT paper's baseline, which
-        its official code does not implement): the span runs C tokens at a time, the first reading
-        the state the chunk before handed on, the others 0.
+        is what the state carries. span_step: the one-token step (engine.py passes its own).
+        chunk = C > 1: block training (DESIGN.md 7; the LRT paper's baseline): the span runs C tokens
+        at a time, the first reading the state the chunk before handed on, the others 0.
         Returns (x_out (B, T, d), the states read (B, T, d), the last token's new state (B, d))."""
         B, T = idx.shape
         x = self.run_blocks(self.drop(self.wte(idx)), 0, self.s - 1, range(T), None, cache)  # below
@@ -560,22 +501,21 @@ class GPT(nn.Module):
 
     def _jacobi(self, idx, n_iter, n_grad, cache=None, rec_mask=None, recompute=False, tol=None):
         """Jacobi fixed-point iterations over the span (DESIGN.md 6), as the official code runs
-        them (D = n_iter, B = n_grad): 1. an initial pass, the span without the state ('plain':
-        each token hands on its raw h^(e)) or on the zero state ('zero'); 2. D-1 iterations: fuse
-        the shifted states, run the span, new states; the last B carry gradient; 3. a final pass.
+        them (D = n_iter): 1. an initial pass, the span without the state ('plain': each token
+        hands on its raw h^(e)) or on the zero state ('zero'); 2. D-1 iterations: fuse the shifted
+        states, run the span, new states; the last n_grad carry gradient; 3. a final pass.
         The span runs D+1 times. Exact after it: positions 0..D-1 ('plain'), 0..D ('zero'). tol
         (prefill): stop once no state moves by more than tol. -> (x_out, state_in, h_e, passes)."""
         (B, T), D, grad = idx.shape, n_iter, torch.is_grad_enabled()
 
         def span(st, state_in=None):  # one pass of the span over the whole sequence, reading states st
             run = lambda x, st: self.run_blocks(x, self.s, self.e, range(T), state_in or self.read(st, rec_mask), cache)
-            if recompute and torch.is_grad_enabled():  # keep only the inputs; recompute in backward
-                return checkpoint(run, x, st, use_reentrant=False)
-            return run(x, st)
+            # with recompute: keep only the inputs, recompute the pass in backward
+            return checkpoint(run, x, st, use_reentrant=False) if recompute and torch.is_grad_enabled() else run(x, st)
 
         # the layers below the span do not depend on the state: run them once
         x = self.run_blocks(self.drop(self.wte(idx)), 0, self.s - 1, range(T), None, cache)
-        # 1. initial pass; it carries gradient only when every pass does (B = D)
+        # 1. initial pass; it carries gradient only when every pass does (n_grad = D)
         with torch.set_grad_enabled(grad and n_grad >= D):
             if self.config.jacobi_init == 'plain':
                 h = self.run_blocks(x, self.s, self.e, range(T), None, cache)
@@ -584,7 +524,7 @@ class GPT(nn.Module):
             else:
                 zero = x.new_zeros(B, T, self.config.n_embd)
                 state_in = self.shift_states(self.next_state(span(zero), zero, rec_mask), idx, rec_mask)
-        # 2. D-1 iterations; iteration d has D-1-d left and carries gradient when that is <= B
+        # 2. D-1 iterations; iteration d has D-1-d left and carries gradient when that is <= n_grad
         passes = D + 1
         for d in range(D - 1):
             with torch.set_grad_enabled(grad and D - 1 - d <= n_grad):
@@ -605,35 +545,35 @@ class GPT(nn.Module):
         n_rounds times over (R > 1: our extension for deep chains; S = 1: the official multi-refine).
         Exact: the first max(R*S, R+1) positions. -> (logits, each position's from the last pass
         that refined it; loss, the mean of the 1 + R*S pass losses)."""
-        (B, T), S, s, L = idx.shape, n_subsets, self.s, self.config.n_layer
+        (B, T), S, L = idx.shape, n_subsets, self.config.n_layer
 
-        def refine(x, st, P, m, ks, vs):
+        def refine(x, st, P, mask, ks, vs):
             # blocks s..L-1 for the tokens at positions P, reading states st, over the key/value
             # buffer (ks, vs: layers s..L-1) the passes before left. -> (h^(e), the output, the
             # buffer after): a pure function, so that checkpointing can recompute it in backward
             buf = KVCache(L, T)
-            buf.k[s:], buf.v[s:] = ks, vs
-            read = self.read(st, m)
-            h = self.run_blocks(x, s, self.e, P, read, buf)
-            return h, self.run_blocks(h, self.e + 1, L - 1, P, read, buf), buf.k[s:], buf.v[s:]
+            buf.k[self.s:], buf.v[self.s:] = ks, vs
+            read = self.read(st, mask)
+            h = self.run_blocks(x, self.s, self.e, P, read, buf)
+            return h, self.run_blocks(h, self.e + 1, L - 1, P, read, buf), buf.k[self.s:], buf.v[self.s:]
 
-        def run(*args):  # with recompute: keep only the inputs, recompute the pass in backward
-            return checkpoint(refine, *args, use_reentrant=False) if recompute and torch.is_grad_enabled() else refine(*args)
+        recompute = recompute and torch.is_grad_enabled()  # keep only a pass's inputs, recompute it in backward
+        run = (lambda *args: checkpoint(refine, *args, use_reentrant=False)) if recompute else refine
 
-        xs = self.run_blocks(self.drop(self.wte(idx)), 0, s - 1, range(T))  # below: once
+        xs = self.run_blocks(self.drop(self.wte(idx)), 0, self.s - 1, range(T))  # below: once
         # 1. init pass with zero memory; keep its keys/values and the source states
         zero = xs.new_zeros(B, T, self.config.n_embd)
-        h, out, ks, vs = run(xs, zero, range(T), rec_mask, [None] * (L - s), [None] * (L - s))
+        h, out, ks, vs = run(xs, zero, range(T), rec_mask, [None] * (L - self.s), [None] * (L - self.s))
         states = self.next_state(h, zero, rec_mask)  # (B, T, d) the latest state produced by each token
         logits, loss0 = self._logits_loss(out, targets)
         logits, losses = torch.empty_like(logits), [loss0]
         # 2. refine the subsets in order, R times over; each sees the states refined before it
         for _ in range(n_rounds):
             for i in range(S):
-                m = None if rec_mask is None else rec_mask[:, i::S]
+                mask = None if rec_mask is None else rec_mask[:, i::S]
                 st = self.shift_states(states, idx, rec_mask)[:, i::S]  # memory shift(h_latest) at subset i
-                h, out, ks, vs = run(xs[:, i::S], st, range(i, T, S), m, ks, vs)
-                states = states.slice_scatter(self.next_state(h, st, m), dim=1, start=i, end=T, step=S)
+                h, out, ks, vs = run(xs[:, i::S], st, range(i, T, S), mask, ks, vs)
+                states = states.slice_scatter(self.next_state(h, st, mask), dim=1, start=i, end=T, step=S)
                 logits_i, loss_i = self._logits_loss(out, None if targets is None else targets[:, i::S])
                 logits[:, i::S] = logits_i  # in place: a later round overwrites an earlier one
                 losses.append(loss_i)
@@ -678,9 +618,8 @@ class GPT(nn.Module):
         read = self._reset(state[:, None], tok)
         state_in = self.read(read)  # once per token, for every layer
         h = self.run_blocks(x, 0, self.e, pos, state_in, cache)
-        new_state = self.next_state(h, read)[:, 0]
         x = self.run_blocks(h, self.e + 1, self.config.n_layer - 1, pos, state_in, cache)
-        return self._logits_loss(x, None)[0], new_state
+        return self._logits_loss(x, None)[0], self.next_state(h, read)[:, 0]
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, prefill='exact', prefill_iters=8,
@@ -688,15 +627,9 @@ class GPT(nn.Module):
         """idx: (B, T0) prompts -> (B, T0 + max_new_tokens) tokens (return_logits: and the logits
         of every next token). One forward pass per new token after the prefill. temperature 0 =
         greedy; on_token(tokens so far) after each token; stop_token: stop once every row made it.
-        (The same loop over compiled steps: engine.Engine.generate.)"""
+        (engine.Engine.generate: this loop over engine.py's steps.)"""
         B, T0 = idx.shape
-        check_sampling(temperature, top_k)
-        if prefill == 'jacobi' and not prefill_iters >= 1:  # 0 or less: a negative pass count, no prefill at all
-            raise ValueError(f"prefill_iters={prefill_iters} must be >= 1")
-        if prefill_tol is not None and not prefill_tol >= 0:
-            raise ValueError(f"prefill_tol={prefill_tol} must be >= 0 (or None: prefill_iters passes)")
-        if T0 + max_new_tokens > self.config.block_size:
-            raise ValueError(f"prompt {T0} + {max_new_tokens} new tokens exceeds block_size {self.config.block_size}")
+        check_generate(self.config, T0, max_new_tokens, temperature, top_k, prefill, prefill_iters, prefill_tol)
         cache = self.new_cache(B, T0 + max_new_tokens)
         logits, state, _ = self.prefill(idx, cache, prefill, prefill_iters, prefill_tol)
         all_logits, out, done = [logits], [idx], torch.zeros(B, 1, dtype=torch.bool, device=idx.device)
@@ -714,8 +647,7 @@ class GPT(nn.Module):
                 all_logits.append(logits)
         return (torch.cat(out, 1), torch.cat(all_logits, 1)) if return_logits else torch.cat(out, 1)
 
-    def new_cache(self, B, max_len):
-        """The KV cache generate decodes over: max_len positions (B: engine.py keeps one per shape)."""
+    def new_cache(self, B, max_len):  # generate's KV cache (engine.py keeps one per shape (B, max_len))
         return KVCache(self.config.n_layer, max_len)
 
     def param_groups(self, weight_decay, rec_lr_mult=1.0, rec_weight_decay=None):
@@ -751,15 +683,6 @@ def ce_loss(logits, targets):
     logits, targets = logits.reshape(-1, logits.size(-1)), targets.reshape(-1)
     n = (targets != -1).sum().clamp(min=1)
     return F.cross_entropy(logits, targets, ignore_index=-1, reduction='sum') / n
-
-
-def check_sampling(temperature, top_k):
-    """temperature >= 0 (0 = greedy; a negative one samples the inverted distribution) and top_k
-    None or >= 1 (0 or less is no filter at all, or a torch.topk error): a ValueError otherwise."""
-    if not temperature >= 0:
-        raise ValueError(f"temperature={temperature} must be >= 0 (0 = greedy)")
-    if top_k is not None and not top_k >= 1:
-        raise ValueError(f"top_k={top_k!r} must be None (no top-k filter) or an int >= 1")
 
 
 def sample(logits, temperature=1.0, top_k=None, generator=None):
