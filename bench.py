@@ -31,7 +31,7 @@ import statistics
 import sys
 import time
 
-from configurator import autocast, check_out_file, compile_errors, configure, fail
+from configurator import check_out_file, compile_errors, configure, device_setup, fail, read_config
 
 # -----------------------------------------------------------------------------
 # config: every global below can be set by a config file or --key=value
@@ -160,14 +160,9 @@ if device_type == 'cuda' and not torch.cuda.is_available():
 # -----------------------------------------------------------------------------
 # setup
 
-torch.manual_seed(seed)
 if threads > 0:
     torch.set_num_threads(threads)
-if device_type == 'cuda':
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
-ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16}[dtype]
-ctx = autocast(device_type, dtype)
+device_type, ptdtype, ctx = device_setup(device, dtype, seed)
 
 
 def sync():
@@ -244,8 +239,7 @@ def config_memory(path):
     the bytes saved for backward per sequence (slope) and per step (intercept: the bf16 weight
     copies), and the peak predicted at its micro-batch: fp32 weights, gradients and AdamW (16 bytes
     a parameter), the saved activations, and the fp32 logit gradient of backward."""
-    ns = {}
-    exec(open(path).read(), ns)
+    ns = read_config(path)
     scheme = dict(mode=ns.get('train_mode', 'jacobi'), n_iter=ns.get('n_iter', 8), n_grad=ns.get('n_grad', 4),
                   n_subsets=ns.get('n_subsets', 2), n_rounds=ns.get('n_rounds', 1), block_len=ns.get('block_len', 1),
                   recompute=ns.get('recompute', False))

@@ -247,6 +247,13 @@ def plot_trace(cols, path, title):
 # teacher-forced accuracy on labelled task rows (train.py's evaluation, sample.py --eval_split)
 
 @torch.no_grad()
+def eval_modes(train_mode, recurrent=True):
+    """The forwards every evaluation reports, as (tag, mode): the exact recurrence (what generation
+    computes), the training scheme's approximation, and the exact one on a zero state (the
+    reliance gap zero - exact). A model without recurrence has one: the plain forward."""
+    return [('exact', 'exact'), ('approx', train_mode), ('zero', 'zero')] if recurrent else [('exact', 'plain')]
+
+
 def task_accuracy(model, X, Y, M=None, mode='exact', batch_size=256, ctx=nullcontext(), kinds=None, engine=None, **scheme):
     """X, Y: (n, T) arrays of inputs and aligned labels (-1 = none); M: optional (n, T) recurrence
     mask (prompt/response data: the labelled positions are the response). One forward per batch
