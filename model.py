@@ -477,7 +477,7 @@ class GPT(nn.Module):
         B, T = idx.shape
         x = self.run_blocks(self.drop(self.wte(idx)), 0, self.s - 1, range(T), None, cache)  # below
         state = x.new_zeros(B, 1, self.config.n_embd)  # R_{-1} = 0
-        step, hs, reads = span_step or self.span_step, [], []
+        step, hs, reads = span_step or self.span_step, [], []  # hs: h^(e) of each token; reads: the state it read
         for t in range(0, T, chunk):  # the recurrence, one token (or chunk) at a time
             u = min(t + chunk, T)
             mask = None if rec_mask is None else rec_mask[:, t:u]
