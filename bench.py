@@ -31,7 +31,7 @@ import statistics
 import sys
 import time
 
-from configurator import autocast, check_out_file, compile_errors, configure, fail
+from configurator import check_out_file, compile_errors, configure, device_setup, fail, read_config
 
 # -----------------------------------------------------------------------------
 # config: every global below can be set by a config file or --key=value
@@ -152,6 +152,7 @@ import torch
 from checkpoint import to_hf_llama
 from diagnostics import activation_bytes
 from flops import flops_per_token, rec_flops
+from engine import Engine, StaticKVCache
 from model import GPT, GPTConfig, KVCache
 
 if device_type == 'cuda' and not torch.cuda.is_available():
@@ -159,14 +160,9 @@ if device_type == 'cuda' and not torch.cuda.is_available():
 # -----------------------------------------------------------------------------
 # setup
 
-torch.manual_seed(seed)
 if threads > 0:
     torch.set_num_threads(threads)
-if device_type == 'cuda':
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
-ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16}[dtype]
-ctx = autocast(device_type, dtype)
+device_type, ptdtype, ctx = device_setup(device, dtype, seed)
 
 
 def sync():
@@ -243,8 +239,7 @@ def config_memory(path):
     the bytes saved for backward per sequence (slope) and per step (intercept: the bf16 weight
     copies), and the peak predicted at its micro-batch: fp32 weights, gradients and AdamW (16 bytes
     a parameter), the saved activations, and the fp32 logit gradient of backward."""
-    ns = {}
-    exec(open(path).read(), ns)
+    ns = read_config(path)
     scheme = dict(mode=ns.get('train_mode', 'jacobi'), n_iter=ns.get('n_iter', 8), n_grad=ns.get('n_grad', 4),
                   n_subsets=ns.get('n_subsets', 2), n_rounds=ns.get('n_rounds', 1), block_len=ns.get('block_len', 1),
                   recompute=ns.get('recompute', False))
@@ -393,10 +388,7 @@ results['models'] = {NAMES[r]: dict(recurrence=r, rec_start=placement[r][0] if r
 CMODE = dict(backend=compile_backend, **({} if compile_mode == 'default' else dict(mode=compile_mode)))
 
 
-def compiled_step(m, name):
-    """m's torch.compile'd static step; a torch without a compiler backend ends bench.py
-    with one line at its first call (see run_compiled)."""
-    return m.compiled(name, CMODE)
+ENGINES = {r: Engine(m, CMODE) for r, m in models.items()} if compile else {}  # engine.py: the compiled steps
 
 
 def run_compiled(fn):
@@ -404,10 +396,12 @@ def run_compiled(fn):
         return fn()
 
 
-def decode_run(m, step, n_gen, toks, prompt):
-    """Prefill the prompt (untimed), then time n_gen calls of step (decode_step, eager or
-    compiled); seconds per token. toks: n_gen (B, 1) input tokens, one tensor each."""
-    cache = KVCache(n_layer, prompt_len + n_gen)
+def decode_run(m, step, n_gen, toks, prompt, compiled):
+    """Prefill the prompt (untimed), then time n_gen calls of step (model.decode_step, or the
+    engine's compiled one over a static cache); seconds per token. toks: n_gen (B, 1) input
+    tokens, one tensor each."""
+    cache = (StaticKVCache if compiled else KVCache)(n_layer, prompt_len + n_gen)
+    pos = POS if compiled else [range(t, t + 1) for t in range(block_size)]
     with ctx:
         _, state, _ = m.prefill(prompt, cache, 'exact')
         sync()
@@ -415,9 +409,7 @@ def decode_run(m, step, n_gen, toks, prompt):
         for i in range(n_gen):
             # fixed random input tokens: the cost does not depend on the values, and no
             # sampling op muddies the per-token time
-            _, state = step(toks[i], POS[prompt_len + i], state, cache)
-            if compile_mode == 'reduce-overhead':
-                state = None if state is None else state.clone()  # a CUDA graph output is reused
+            _, state = step(toks[i], pos[prompt_len + i], state, cache)  # (a CUDA graph's output: cloned)
         sync()
     return (time.perf_counter() - t0) / n_gen
 
@@ -428,7 +420,7 @@ def decode_ops(m, bsz):
     prompt = torch.randint(0, vocab_size, (bsz, prompt_len + 1), device=device)
     with ctx:
         _, state, _ = m.prefill(prompt[:, :-1], cache, 'exact')
-        return count_ops(lambda: m.decode_step(prompt[:, -1:], POS[prompt_len], state, cache))
+        return count_ops(lambda: m.decode_step(prompt[:, -1:], range(prompt_len, prompt_len + 1), state, cache))
 
 
 def hf_peer_model():
@@ -462,7 +454,7 @@ def hf_run(hf, n_gen, prompt):
     return (clock.t[-1] - clock.t[0]) / (n_gen - 1), out
 
 
-POS = [torch.tensor([t], device=device) for t in range(block_size)]  # the position tensors decode_step reads
+POS = [torch.tensor([t], device=device) for t in range(block_size)]  # the position tensors the compiled step reads
 print(f"\n2. decode: prompt {prompt_len}, decode_step only, median of {decode_reps} runs"
       + (f"; eager and compiled (mode {compile_mode}), all round-robin" if compile else ""))
 hf = hf_peer_model() if hf_peer else None
@@ -475,8 +467,8 @@ for bsz in decode_batches:
         toks = [toks[:, i:i + 1].contiguous() for i in range(n_gen)]
         steps = {(r, 'eager'): m.decode_step for r, m in models.items()}
         if compile:
-            steps.update({(r, 'compiled'): compiled_step(m, 'decode_step') for r, m in models.items()})
-        runs = {k: (lambda k=k: decode_run(models[k[0]], steps[k], n_gen, toks, prompt)) for k in steps}
+            steps.update({(r, 'compiled'): ENGINES[r].decode_step for r in models})
+        runs = {k: (lambda k=k: decode_run(models[k[0]], steps[k], n_gen, toks, prompt, k[1] == 'compiled')) for k in steps}
         if hf is not None and n_gen > 1:
             runs[('hf', 'eager')] = lambda: hf_run(hf, n_gen, prompt)[0]
         times = {k: [] for k in runs}
@@ -566,14 +558,14 @@ times, passes = {c: [] for c in CASES}, {}
 
 def prefill_run(r, mode):
     m, prompt = models[r], prompts[r]
-    cache = KVCache(m.config.n_layer, prompt.size(1))
+    cache = (StaticKVCache if mode == 'exact-compiled' else KVCache)(m.config.n_layer, prompt.size(1))
     with ctx:
         sync()
         t0 = time.perf_counter()
         if mode == 'plain-compiled':
             plain_prefill_compiled(prompt, cache, 'plain')
         elif mode == 'exact-compiled':
-            m.prefill(prompt, cache, 'exact', compile=CMODE)
+            ENGINES[r].prefill(prompt, cache, 'exact')
         else:
             passes[(r, mode)] = m.prefill(prompt, cache, mode.removesuffix('-tol'), n_iter=prefill_iters,
                                           tol=prefill_tol if mode == 'jacobi-tol' else None)[2]
@@ -640,7 +632,7 @@ if profile:
         with ctx:
             _, st, _ = m.prefill(p[:, :-1], cache, 'exact')
             with tprofile(activities=acts) as prof:
-                m.decode_step(p[:, -1:], prompt_len, st, cache)
+                m.decode_step(p[:, -1:], range(prompt_len, prompt_len + 1), st, cache)
                 sync()
         print(f"\nprofile: one decode_step, batch 1, {NAMES[r]}")
         print(prof.key_averages().table(sort_by=sort, row_limit=12))

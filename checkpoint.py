@@ -78,7 +78,7 @@ def _pid_alive(pid):
 def upgrade_state_dict(sd, config):
     """State dicts written by older versions of this repo, in today's layout:
       wq, wk, wv -> wqkv; w_gate, w_up -> w_gu (the fused projections, stacked by rows);
-      LRT in one module: lrt_fb_k.j + lrt_fb_v.j or lrt_fb.j -> lrt.fb.j,
+      LRT in one module: lrt_fb_k.j + lrt_fb_v.j, lrt_fb.j or lrt.fb.j -> lrt.w_fb.j,
       h.i.attn.lrt_gate -> lrt.gate.(i - s), the per-block scalars h.i.lrt_alpha / h.i.lrt_gamma
       -> the vectors lrt.alpha / lrt.gamma (one entry per reading layer i >= s)."""
     fused = {'.attn.wq.weight': ('.attn.wqkv.weight', ('.attn.wq.weight', '.attn.wk.weight', '.attn.wv.weight')),
@@ -92,9 +92,9 @@ def upgrade_state_dict(sd, config):
                 sd[pre + new] = torch.cat([sd.pop(pre + p) for p in parts], 0)
         if key.startswith('lrt_fb_k.'):
             j = key.split('.')[1]
-            sd[f'lrt.fb.{j}.weight'] = torch.cat([sd.pop(key), sd.pop(f'lrt_fb_v.{j}.weight')], 0)
-        elif key.startswith('lrt_fb.'):
-            sd['lrt.fb.' + key[len('lrt_fb.'):]] = sd.pop(key)
+            sd[f'lrt.w_fb.{j}.weight'] = torch.cat([sd.pop(key), sd.pop(f'lrt_fb_v.{j}.weight')], 0)
+        elif key.startswith(('lrt_fb.', 'lrt.fb.')):
+            sd['lrt.w_fb.' + key.split('fb.', 1)[1]] = sd.pop(key)
         m = re.fullmatch(r'h\.(\d+)\.(attn\.lrt_gate\.weight|lrt_alpha|lrt_gamma)', key)
         if m:
             i, what = int(m.group(1)), m.group(2)

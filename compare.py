@@ -43,7 +43,7 @@ import subprocess
 import sys
 import time
 
-from configurator import configure, fail
+from configurator import configure, fail, read_config
 from stats import endpoints, med_range, rank_test
 
 # -----------------------------------------------------------------------------
@@ -158,9 +158,7 @@ def config_value(name, key, default):
     """A key's value in model name's config file (the last assignment), else default."""
     for arg in MODELS[name.split('@')[0]]:
         if arg.endswith('.py'):
-            ns = {}
-            exec(open(os.path.join(here, arg)).read(), ns)
-            default = ns.get(key, default)
+            default = read_config(os.path.join(here, arg)).get(key, default)
     return default
 
 
@@ -415,7 +413,7 @@ def text_report(results):
     per character against training steps and against training FLOPs)."""
     from checkpoint import load_checkpoint
     from dataset import load_split
-    from diagnostics import corpus_loss
+    from diagnostics import corpus_loss, eval_modes
     test = load_split(os.path.join(data_root, dataset), 'test', meta)
     ln2 = math.log(2)
     for name in names:
@@ -426,8 +424,7 @@ def text_report(results):
                 model, ck = load_checkpoint(os.path.join(run_dir, 'ckpt.pt'))
                 cfg, bits = ck['config'], {}
                 scheme = {k: cfg.get(k, 1) for k in ('n_iter', 'n_grad', 'n_subsets', 'n_rounds', 'block_len')}
-                modes = [('exact', 'exact'), ('approx', cfg['train_mode']), ('zero', 'zero')]
-                for tag, mode in modes if model.config.recurrence != 'none' else [('exact', 'plain')]:
+                for tag, mode in eval_modes(cfg['train_mode'], model.config.recurrence != 'none'):
                     bits[tag] = corpus_loss(model.eval(), test, cfg['block_size'], mode, **scheme)[0] / ln2
                     print(f"{name} seed {r['seed']}: test {bits[tag]:.4f} bits per character ({tag})", flush=True)
                 tokens = cfg['batch_size'] * cfg['block_size'] * cfg['gradient_accumulation_steps']

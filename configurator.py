@@ -91,16 +91,7 @@ def configure(g, keys, argv=None, doc=None):
         raise SystemExit(0)
     for arg in argv:
         if not arg.startswith('--'):
-            if not os.path.isfile(arg):
-                fail(f"no config file {arg}")
-            ns = {}
-            try:
-                exec(compile(open(arg).read(), arg, 'exec'), ns)
-            except Exception as e:
-                fail(f"{arg}: {type(e).__name__}: {e}")
-            for k, v in ns.items():
-                if k.startswith('_') or k == '__builtins__' or type(v).__name__ == 'module':
-                    continue
+            for k, v in read_config(arg).items():
                 if k not in keys:
                     fail(f"{arg}: unknown config key {k!r}")
                 g[k] = _check(k, v, g[k], arg)
@@ -128,6 +119,31 @@ def autocast(device_type, dtype):
         return nullcontext()
     import torch
     return torch.autocast(device_type, dtype={'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype])
+
+
+def read_config(path):
+    """The settings a config file (python) assigns, {name: value} (its imports and _private names
+    left out): the one reader of config files (configure, bench.py, compare.py)."""
+    if not os.path.isfile(path):
+        fail(f"no config file {path}")
+    ns = {}
+    try:
+        exec(compile(open(path).read(), path, 'exec'), ns)
+    except Exception as e:
+        fail(f"{path}: {type(e).__name__}: {e}")
+    return {k: v for k, v in ns.items() if not (k.startswith('_') or type(v).__name__ == 'module')}
+
+
+def device_setup(device, dtype, seed, tf32=True):
+    """The device and precision setup of every script: torch seeded, TF32 matmuls on CUDA (tf32).
+    -> (device_type 'cuda' or 'cpu', the torch dtype, the precision context autocast(...))."""
+    import torch
+    torch.manual_seed(seed)
+    device_type = 'cuda' if device.startswith('cuda') else 'cpu'
+    if device_type == 'cuda' and tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    return device_type, getattr(torch, dtype), autocast(device_type, dtype)
 
 
 @contextmanager

@@ -78,19 +78,19 @@ def watch(model):
     if model.lrt is not None:
         lrt, s = model.lrt, model.s
 
-        def state(mod, args):  # args: Block.forward's (x, rope, pos, mask, cache, mem)
+        def state(mod, args):  # args: Block.forward's (x, rope, pos, mask, cache, state_in)
             if args[5] is not None:
-                keep('state', args[5].m)
+                keep('state', args[5].state)
         handles.append(model.h[s].register_forward_pre_hook(state))
         for j, i in enumerate(range(s, model.config.n_layer)):
             if lrt.gate is not None:
                 handles.append(lrt.gate[j].register_forward_hook(
                     lambda mod, args, out, i=i: keep(f'g.{i}', (2 * torch.sigmoid(out)).unflatten(-1, (2, lrt.Hkv)))))
             if lrt.alpha is not None:
-                def terms(mod, args, i=i, j=j):  # args: Block.forward's (x, rope, pos, mask, cache, mem)
-                    x, mem = args[0], args[5]
-                    if mem is not None:
-                        keep(f'gamma_m.{i}', lrt.gamma[j].double().abs() * mem.m.double().norm(dim=-1))
+                def terms(mod, args, i=i, j=j):  # args: Block.forward's (x, rope, pos, mask, cache, state_in)
+                    x, state_in = args[0], args[5]
+                    if state_in is not None:
+                        keep(f'gamma_m.{i}', lrt.gamma[j].double().abs() * state_in.state.double().norm(dim=-1))
                         keep(f'alpha_x.{i}', lrt.alpha[j].double().abs() * x.double().norm(dim=-1))
                 handles.append(model.h[i].register_forward_pre_hook(terms))
     try:
@@ -247,7 +247,14 @@ def plot_trace(cols, path, title):
 # teacher-forced accuracy on labelled task rows (train.py's evaluation, sample.py --eval_split)
 
 @torch.no_grad()
-def task_accuracy(model, X, Y, M=None, mode='exact', batch_size=256, ctx=nullcontext(), kinds=None, **scheme):
+def eval_modes(train_mode, recurrent=True):
+    """The forwards every evaluation reports, as (tag, mode): the exact recurrence (what generation
+    computes), the training scheme's approximation, and the exact one on a zero state (the
+    reliance gap zero - exact). A model without recurrence has one: the plain forward."""
+    return [('exact', 'exact'), ('approx', train_mode), ('zero', 'zero')] if recurrent else [('exact', 'plain')]
+
+
+def task_accuracy(model, X, Y, M=None, mode='exact', batch_size=256, ctx=nullcontext(), kinds=None, engine=None, **scheme):
     """X, Y: (n, T) arrays of inputs and aligned labels (-1 = none); M: optional (n, T) recurrence
     mask (prompt/response data: the labelled positions are the response). One forward per batch
     in `mode` (scheme: its n_iter, ...). -> dict: loss (mean cross-entropy over labelled
@@ -255,7 +262,8 @@ def task_accuracy(model, X, Y, M=None, mode='exact', batch_size=256, ctx=nullcon
     em (rows with every labelled position right), pos_acc (T,) accuracy by position, step_acc
     (right at t given right at t-1, over labelled pairs: a tracker that learned the step with
     accuracy p decays like p^t). kinds: {name: (T,) bool} -> also acc_<name>, the accuracy at
-    those positions (s5_retrieval: the states and the values, tasks.position_kinds)."""
+    those positions (s5_retrieval: the states and the values, tasks.position_kinds). engine: an
+    engine.Engine of the model that runs the forward instead (train.py's compiled exact modes)."""
     device = model.lm_head.weight.device
     n, T = X.shape
     right_n = labelled_n = em = kept = prev = 0
@@ -266,7 +274,7 @@ def task_accuracy(model, X, Y, M=None, mode='exact', batch_size=256, ctx=nullcon
         y = torch.from_numpy(np.asarray(Y[i:i + batch_size], dtype=np.int64)).to(device)
         m = None if M is None else torch.from_numpy(np.asarray(M[i:i + batch_size], dtype=np.bool_)).to(device)
         with ctx:
-            logits = model(x, mode=mode, rec_mask=m, **scheme)[0]
+            logits = (engine or model)(x, mode=mode, rec_mask=m, **scheme)[0]
         mask = y != -1
         loss_sum += F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-1, reduction='sum').item()
         right = (logits.argmax(-1) == y) & mask

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from model import GPT, ce_loss, check_scheme
+from checks import check_scheme
+from model import GPT, ce_loss
 
 
 @dataclass
@@ -104,7 +105,7 @@ class LSTM(nn.Module):
         y, (h, c) = self.lstm(self.wte(tok), (state[0], state[1]))
         return self._logits_loss(y, None)[0], torch.stack([h, c])
 
-    generate, compiled = GPT.generate, GPT.compiled
+    generate, new_cache = GPT.generate, GPT.new_cache
 
     def param_groups(self, weight_decay, rec_lr_mult=1.0, rec_weight_decay=None):
         """AdamW groups as GPT.param_groups makes them: decay on matrices (dim >= 2) only. There

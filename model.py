@@ -11,6 +11,7 @@ Layers are 0-based; h^(l)_t is the residual stream at the OUTPUT of block l for 
   above = blocks e+1..L-1   read the state (LRT) or not (T2MLR), never feed it: in parallel
 Every path (exact, Jacobi, interleaved, prefill, decode) is built on one primitive, run_blocks:
 "run blocks a..b for the tokens at positions pos, each reading its state, over this KV cache".
+engine.py runs the same steps fast: static shapes for torch.compile and CUDA graphs.
 """
 
 import math
@@ -21,6 +22,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+from checks import check_generate, check_model_config, check_sampling, check_scheme
 
 # -----------------------------------------------------------------------------
 # config
@@ -69,59 +72,8 @@ class GPTConfig:
     def padded_vocab(self):
         return self.vocab_pad * math.ceil(self.vocab_size / self.vocab_pad)
 
-    def validate(self):
-        """The one check of a model's settings: the first one broken is a ValueError naming it."""
-        for k in ('block_size', 'vocab_size', 'vocab_pad', 'n_layer', 'n_head', 'n_kv_head', 'n_embd', 'mlp_hidden'):
-            if getattr(self, k) < 1:
-                raise ValueError(f"GPTConfig: {k}={getattr(self, k)} must be >= 1")
-        L, s, e, hd = self.n_layer, self.rec_start, self.rec_end, self.n_embd // self.n_head
-        rules = [
-            (self.n_embd % self.n_head == 0, f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}"),
-            (self.n_head % self.n_kv_head == 0, f"n_head={self.n_head} is not divisible by n_kv_head={self.n_kv_head}"),
-            (hd % 2 == 0, f"head dim {hd} must be even for RoPE"),
-            (0 <= self.lrt_gate_channels <= self.n_embd,
-             f"lrt_gate_channels={self.lrt_gate_channels} must be in 0..n_embd={self.n_embd} (0 = all channels)"),
-            (self.attn_window >= 0, f"attn_window={self.attn_window} must be >= 0 (0 = full causal attention)"),
-            # a vocab_pad far past any real vocabulary only allocates rows that are never used (1e9: out of memory)
-            (self.vocab_pad <= 4096, f"vocab_pad={self.vocab_pad} must be in 1..4096 (128 is the usual)"),
-            # norm_eps <= 0 or rope_theta <= 0 make NaNs on the first step, which read as a diverged learning rate
-            (self.norm_eps > 0, f"norm_eps={self.norm_eps} must be > 0"),
-            (self.rope_theta > 0, f"rope_theta={self.rope_theta} must be > 0"),
-            (self.rec_gate_gain >= 0, f"rec_gate_gain={self.rec_gate_gain} must be >= 0 (a xavier gain)"),
-            (0.0 <= self.dropout < 1.0, f"dropout={self.dropout} must be in [0, 1)"),
-            (0 < self.rec_scale_min <= self.rec_scale_max,
-             f"rec_scale_min={self.rec_scale_min}, rec_scale_max={self.rec_scale_max}: need 0 < min <= max"),
-            (self.recurrence in ('none', 't2mlr', 'lrt'),
-             f"unknown recurrence {self.recurrence!r}; expected 'none', 't2mlr' or 'lrt'"),
-            (self.jacobi_init in ('plain', 'zero'),
-             f"unknown jacobi_init {self.jacobi_init!r}; expected 'plain' (the official code) or 'zero'"),
-            (self.lrt_inject in ('kv', 'residual', 'both'),
-             f"unknown lrt_inject {self.lrt_inject!r}; expected 'kv', 'residual' or 'both'"),
-            (self.reset_token is None or 0 <= self.reset_token < self.vocab_size,
-             f"reset_token={self.reset_token} is not a token id (vocab_size={self.vocab_size})")]
-        if self.recurrence != 'none':
-            rules += [(0 <= s < L, f"rec_start={s} is out of range for n_layer={L} (layers are 0..{L-1})"),
-                      (0 <= e < L, f"rec_end={e} is out of range for n_layer={L} (layers are 0..{L-1}, or -1 for the last)"),
-                      (e >= s, f"rec_end={e} < rec_start={s}: the state must be read at or above the layer that receives it")]
-        for ok, msg in rules:
-            if not ok:
-                raise ValueError(f"GPTConfig: {msg}")
-
-
-def check_scheme(mode, n_iter=8, n_grad=4, n_subsets=2, n_rounds=1, T=None, block_len=1):
-    """The one check of a forward mode and the training schemes' settings (train.py runs it at
-    start-up, forward on every call). T: the sequence length, when known."""
-    for ok, msg in [
-            (mode in ('plain', 'exact', 'jacobi', 'interleaved', 'block', 'zero'),
-             f"unknown mode {mode!r}; expected 'plain', 'exact', 'jacobi', 'interleaved', 'block' or 'zero'"),
-            (block_len >= 1, f"block_len={block_len}: block training needs chunks of at least one token"),
-            (n_iter >= 1, f"n_iter={n_iter}: Jacobi needs at least one iteration (n_iter >= 1)"),
-            (0 <= n_grad <= n_iter, f"n_grad={n_grad}: the Jacobi iterations with gradient must be 0..n_iter={n_iter}"),
-            (n_subsets >= 1 and not (mode == 'interleaved' and T is not None and n_subsets > T),
-             f"n_subsets={n_subsets}: interleaved needs 1 <= n_subsets <= the sequence length {T}"),
-            (n_rounds >= 1, f"n_rounds={n_rounds}: interleaved needs at least one round")]:
-        if not ok:
-            raise ValueError(msg)
+    def validate(self):  # the one check of a model's settings (checks.py): a ValueError naming the first broken
+        check_model_config(self)
 
 # -----------------------------------------------------------------------------
 # KV cache: the one mechanism behind decoding, the exact forward and the interleaved training buffer
@@ -129,8 +81,7 @@ def check_scheme(mode, n_iter=8, n_grad=4, n_subsets=2, n_rounds=1, T=None, bloc
 class KVCache:
     """Per-layer keys (after RoPE) and values, (B, n_kv_head, max_len, head_dim), by position.
     write(i, pos, k, v): pos a range, return the prefix 0..pos[-1] (under autograd out of place:
-    gradients flow through the buffer). write_static: pos a (1,) tensor, written in place, the
-    WHOLE buffer returned: no shape depends on pos, so torch.compile compiles the step once."""
+    gradients flow through the buffer). (engine.py's StaticKVCache adds an in-place one-token write.)"""
 
     def __init__(self, n_layer, max_len):
         self.max_len, self.k, self.v = max_len, [None] * n_layer, [None] * n_layer
@@ -140,9 +91,6 @@ class KVCache:
         if self.k[i] is None or self.k[i].dtype != k.dtype or self.k[i].size(0) != k.size(0):
             shape = (k.size(0), k.size(1), self.max_len, k.size(3))
             self.k[i], self.v[i] = k.new_zeros(shape), v.new_zeros(shape)
-            if not torch.is_grad_enabled() and not torch.compiler.is_compiling():
-                for t in (self.k[i], self.v[i]):  # a fixed address, which a CUDA graph may write in place
-                    torch._dynamo.mark_static_address(t)
         elif self.k[i].size(2) < self.max_len:
             self.k[i], self.v[i] = (F.pad(t, (0, 0, 0, self.max_len - t.size(2))) for t in (self.k[i], self.v[i]))
 
@@ -162,16 +110,6 @@ class KVCache:
             self.k[i][:, :, pos.start:pos.stop:pos.step] = k
             self.v[i][:, :, pos.start:pos.stop:pos.step] = v
         return self.k[i][:, :, :kv_len], self.v[i][:, :, :kv_len]
-
-    def write_static(self, i, pos, k, v):
-        # pos: (1,) long tensor, k/v: (B, Hkv, 1, hd)
-        self._full(i, k, v)
-        if torch.is_grad_enabled():
-            self.k[i], self.v[i] = self.k[i].index_copy(2, pos, k), self.v[i].index_copy(2, pos, v)
-        else:  # in place: O(1) memory traffic per token
-            self.k[i].index_copy_(2, pos, k)
-            self.v[i].index_copy_(2, pos, v)
-        return self.k[i], self.v[i]
 
 # -----------------------------------------------------------------------------
 # backbone
@@ -229,20 +167,20 @@ class Attention(nn.Module):
         self.wo = nn.Linear(d, d, bias=False)
         self.dropout = config.dropout
 
-    def forward(self, a, rope, pos, mask, cache, mem=None):
+    def forward(self, a, rope, pos, mask, cache, state_in=None):
         # a: (B, T, d) the normed block input of the tokens at positions pos
         B, T, _ = a.shape
         H, Hkv = self.n_head, self.n_kv_head
         qkv = self.wqkv(a).view(B, T, H + 2 * Hkv, self.hd)  # heads: H of q, Hkv of k, Hkv of v
-        if mem is not None:
-            qkv = mem.gated_kv(self.i, a, qkv)  # LRT: k <- g_loc k + g_fb W_fb_k m_{t-1}, same for v
+        if state_in is not None:
+            qkv = state_in.gated_kv(self.i, a, qkv)  # LRT: k <- g_loc k + g_fb W_fb_k m_{t-1}, same for v
         q, k = apply_rope(qkv[:, :, :H + Hkv], *rope).split([H, Hkv], 2)  # RoPE on q and k together
         v = qkv[:, :, H + Hkv:]
         if torch.is_grad_enabled():
             v = v.contiguous()  # else backward keeps the whole qkv storage alive through this view
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, hd)
         if cache is not None:  # now (B, Hkv, keys, hd): every key the queries may see
-            k, v = cache.write_static(self.i, pos, k, v) if torch.is_tensor(pos) else cache.write(self.i, pos, k, v)
+            k, v = cache.write(self.i, pos, k, v)
         y = attend(q, k, v, mask, self.dropout if self.training else 0.0)
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))
 
@@ -254,7 +192,7 @@ class MLP(nn.Module):
         self.w_gu = nn.Linear(config.n_embd, 2 * config.mlp_hidden, bias=False)
         self.w_down = nn.Linear(config.mlp_hidden, config.n_embd, bias=False)
 
-    def forward(self, x):
+    def forward(self, x):  # SwiGLU: W_down (silu(W_gate x) * W_up x)
         gate, up = self.w_gu(x).chunk(2, dim=-1)
         return self.w_down(F.silu(gate) * up)
 
@@ -269,11 +207,11 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.drop = nn.Dropout(config.dropout)
 
-    def forward(self, x, rope, pos, mask, cache, mem=None):
-        # mem: LRT's memory for this run of blocks (LRT.read), or None
-        if mem is not None:
-            x = mem.residual(self.i, x)  # LRT: x <- alpha_i x + gamma_i m_{t-1}
-        y = self.attn(self.ln_1(x), rope, pos, mask, cache, mem)
+    def forward(self, x, rope, pos, mask, cache, state_in=None):
+        # state_in: the StateIn of this run of blocks, or None (the plain model)
+        if state_in is not None:
+            x = state_in.enter(self.i, x)  # T2MLR's fusion at block s, LRT's residual at blocks >= s
+        y = self.attn(self.ln_1(x), rope, pos, mask, cache, state_in)
         x = x + (self.drop(y) if self.drop.p > 0 else y)  # no dropout call at p = 0
         y = self.mlp(self.ln_2(x))
         return x + (self.drop(y) if self.drop.p > 0 else y)
@@ -306,9 +244,7 @@ class T2MLRFusion(nn.Module):
         return h + cur * h + rec * r
 
     def init_weights(self, gain, g_rec=0.0):
-        # g_rec > 0 opens the recurrent path from the start: at 0 both tanh(g_rec) and W_rec's
-        # gradient through it vanish together, a saddle the run must first leave (docs/recipe.md)
-        nn.init.constant_(self.g_rec, g_rec)
+        nn.init.constant_(self.g_rec, g_rec)  # > 0: the recurrent path open from the start (docs/recipe.md)
         for f in (self.f_cur, self.f_rec):
             nn.init.xavier_normal_(f.weight, gain=gain)
             nn.init.zeros_(f.bias)  # sigmoid(0) = 0.5: the official S5/GSM8K recipes' gate init
@@ -332,51 +268,70 @@ class LRT(nn.Module):
         super().__init__()
         c, n = config, config.n_layer - s  # n reading layers
         self.s, self.shared, self.Hkv, self.hd = s, c.lrt_shared, c.n_kv_head, c.n_embd // c.n_head
-        self.fb = self.gate = self.alpha = self.gamma = None
+        self.w_fb = self.gate = self.alpha = self.gamma = None
         if c.lrt_inject != 'residual':
-            self.gate_in = c.lrt_gate_channels or c.n_embd  # the official code can read only the first channels of a
-            self.fb = nn.ModuleList([nn.Linear(c.n_embd, 2 * c.n_kv_head * self.hd, bias=False)
-                                     for _ in range(1 if c.lrt_shared else n)])
+            self.gate_in = c.lrt_gate_channels or c.n_embd  # the gates read the first gate_in channels (DESIGN.md 11)
+            self.w_fb = nn.ModuleList([nn.Linear(c.n_embd, 2 * c.n_kv_head * self.hd, bias=False)
+                                       for _ in range(1 if c.lrt_shared else n)])
             self.gate = nn.ModuleList([nn.Linear(self.gate_in, 2 * c.n_kv_head, bias=False) for _ in range(n)])
         if c.lrt_inject != 'kv':
             self.alpha = nn.Parameter(torch.ones(n))
             self.gamma = nn.Parameter(torch.full((n,), 0.0 if c.lrt_identity_init else 0.1))
 
     def init_weights(self, identity):  # the gates start at 2 sigmoid(0) = 1; identity: W_fb = 0 too
-        for lin in list(self.gate or []) + (list(self.fb or []) if identity else []):
+        for lin in list(self.gate or []) + (list(self.w_fb or []) if identity else []):
             nn.init.zeros_(lin.weight)
 
     def project(self, j, m):
         # m (B, T, d) -> (W_fb_k m, W_fb_v m) of reading layer j, stacked: (B, T, 2, Hkv, hd), one matmul
-        return self.fb[0 if self.shared else j](m).view(*m.shape[:2], 2, self.Hkv, self.hd)
+        return self.w_fb[0 if self.shared else j](m).view(*m.shape[:2], 2, self.Hkv, self.hd)
 
-    def read(self, m, rec_on=None, fb=None):
-        # the memory m (B, T, d) for one run of blocks: what Block and Attention call. LRT-shared
-        # projects it once for every layer (fb: that projection, when the caller already has it)
-        return Memory(self, m, rec_on, self.project(0, m) if fb is None and self.fb and self.shared else fb)
+    def residual(self, j, x, m, on):
+        # reading layer j's block input: x <- alpha_j x + gamma_j m where the recurrence is on
+        return x if self.alpha is None else where_on(on, self.alpha[j] * x + self.gamma[j] * m, x)
 
-
-class Memory:
-    """LRT's memory m_{t-1} for one run of blocks; rec_on: (B, T, 1) bool, None = everywhere."""
-
-    def __init__(self, lrt, m, rec_on, fb):
-        self.lrt, self.m, self.rec_on, self.fb = lrt, m, rec_on, fb
-
-    def residual(self, i, x):
-        lrt, j = self.lrt, i - self.lrt.s
-        return x if lrt.alpha is None else where_on(self.rec_on, lrt.alpha[j] * x + lrt.gamma[j] * self.m, x)
-
-    def gated_kv(self, i, a, qkv):
-        # a: (B, T, d); qkv: (B, T, H + 2 Hkv, hd), the keys and values its last 2 Hkv heads
-        lrt, j = self.lrt, i - self.lrt.s
-        if lrt.gate is None:
+    def gated_kv(self, j, a, qkv, m, mem_kv, on):
+        # a: (B, T, d) the normed block input; qkv: (B, T, H + 2 Hkv, hd), its last 2 Hkv heads the
+        # keys and values; mem_kv: LRT-shared's W_fb m (B, T, 2, Hkv, hd), else None (project here)
+        if self.gate is None:
             return qkv
-        B, T, Hkv = a.size(0), a.size(1), lrt.Hkv
-        g = 2 * torch.sigmoid(lrt.gate[j](a[..., :lrt.gate_in])).view(B, T, 2, Hkv, 1)  # (g_loc, g_fb)
-        fb = self.fb if lrt.shared else lrt.project(j, self.m)  # (B, T, 2, Hkv, hd) = (W_fb_k m, W_fb_v m)
+        B, T, Hkv = a.size(0), a.size(1), self.Hkv
+        g = 2 * torch.sigmoid(self.gate[j](a[..., :self.gate_in])).view(B, T, 2, Hkv, 1)  # (g_loc, g_fb)
+        mem_kv = mem_kv if self.shared else self.project(j, m)  # (W_fb_k m, W_fb_v m)
         kv = qkv[:, :, -2 * Hkv:].unflatten(2, (2, Hkv))  # k and v gated together, by the same gates
-        kv = where_on(self.rec_on, g[:, :, :1] * kv + g[:, :, 1:] * fb, kv)
+        kv = where_on(on, g[:, :, :1] * kv + g[:, :, 1:] * mem_kv, kv)
         return torch.cat([qkv[:, :, :-2 * Hkv], kv.flatten(2, 3)], 2)
+
+# -----------------------------------------------------------------------------
+# what a run of blocks reads from the recurrence
+
+class StateIn:
+    """The state a run of blocks reads, built once per pass and handed to every block:
+      state   (B, T, d) what each token reads: R_{t-1} (T2MLR) or m_{t-1} (LRT)
+      on      (B, T, 1) bool, where the recurrence is on (None: everywhere). Off, a token runs as
+              the plain model although it has a state (T2MLR's prompt in fine-tuning).
+      mem_kv  LRT-shared's (W_fb_k m, W_fb_v m), (B, T, 2, Hkv, hd): one projection for every layer.
+    Block i calls enter(i, x) on its input and Attention gated_kv(i, a, qkv) on its keys/values."""
+
+    def __init__(self, model, state, rec_mask=None):
+        self.s, self.fusion, self.lrt, self.state = model.s, model.fusion, model.lrt, state
+        self.on = None if rec_mask is None else rec_mask.unsqueeze(-1)
+        shared = self.lrt is not None and self.lrt.w_fb is not None and self.lrt.shared
+        self.mem_kv = self.lrt.project(0, state) if shared else None
+
+    def enter(self, i, x):
+        # T2MLR: x <- Phi(x, R) at the input of block s (DESIGN.md 3); LRT: x <- alpha x + gamma m
+        # at every block >= s (DESIGN.md 4)
+        if i == self.s and self.fusion is not None:
+            return where_on(self.on, self.fusion(x, self.state), x)
+        if i >= self.s and self.lrt is not None:
+            return self.lrt.residual(i - self.s, x, self.state, self.on)
+        return x
+
+    def gated_kv(self, i, a, qkv):  # LRT: k <- g_loc k + g_fb W_fb_k m_{t-1}, the same for v (DESIGN.md 4)
+        if i < self.s or self.lrt is None:
+            return qkv
+        return self.lrt.gated_kv(i - self.s, a, qkv, self.state, self.mem_kv, self.on)
 
 # -----------------------------------------------------------------------------
 # the model
@@ -418,53 +373,38 @@ class GPT(nn.Module):
         if self.lrt is not None:
             self.lrt.init_weights(c.lrt_identity_init)
 
-    @staticmethod
-    def is_rec_param(name):  # the parameters the recurrence adds on top of the plain GPT
-        return name.startswith(('fusion.', 'lrt.'))
+    is_rec_param = staticmethod(lambda name: name.startswith(('fusion.', 'lrt.')))  # the recurrence's own
 
     # ------------------------------------------------------------------
     # the primitive: run blocks a..b at positions pos
 
-    def run_blocks(self, x, a, b, pos, state_in=None, cache=None, rec_mask=None, fb=None):
-        """x: (B, T, d), the stream at the input of block a, of the tokens at positions pos: a range,
-        or a (1,) tensor (the static one-token step, over the cache's whole buffer). state_in:
-        (B, T, d), the state each token reads (R_{t-1} or m_{t-1}); None runs the plain model.
-        cache: a KVCache to write into and attend over (None: tokens 0..T-1 among themselves).
-        rec_mask: (B, T) bool, False where a token runs plain although it has a state (T2MLR's
-        prompt in fine-tuning). fb: LRT-shared's projection of state_in, if the caller has it."""
+    def run_blocks(self, x, a, b, pos, state_in=None, cache=None):
+        """x: (B, T, d), the stream at the input of block a, of the tokens at positions pos (a
+        range: 0..T-1, one token range(t, t + 1), or a strided subset). state_in: the
+        StateIn each token reads (the state, where the recurrence is on, LRT's projection); None
+        runs the plain model. cache: a KVCache to write into and attend over (None: tokens 0..T-1
+        among themselves)."""
         if a > b:
             return x
         rope, mask = self.rope_and_mask(pos, cache)
-        rec_on = None if rec_mask is None else rec_mask.unsqueeze(-1)  # (B, T, 1)
-        lrt = state_in is not None and self.lrt is not None and b >= self.s
-        mem = self.lrt.read(state_in, rec_on, fb) if lrt else None  # LRT's memory, for blocks >= s
         for i in range(a, b + 1):
-            if i == self.s and state_in is not None and self.fusion is not None:
-                x = where_on(rec_on, self.fusion(x, state_in), x)  # T2MLR: fuse at the input of block s
-            x = self.h[i](x, rope, pos, mask, cache, mem if i >= self.s else None)
+            x = self.h[i](x, rope, pos, mask, cache, state_in)
         return x
+
+    def read(self, state, rec_mask=None):  # the StateIn of a pass from its tokens' states (B, T, d); None: plain
+        return None if state is None else StateIn(self, state, rec_mask)
 
     def rope_and_mask(self, pos, cache):
         """The RoPE rows of the tokens at pos, and the attention mask: None where attention is
-        causal among the tokens (or one query sees the whole prefix), else (T, keys) bool by
-        original position: a query at q reads a key at p iff p <= q (and p > q - W, a window)."""
+        causal among the tokens (or one query sees the whole prefix), else (T, keys) causal_mask."""
         W = self.config.attn_window
-        if torch.is_tensor(pos):  # the static step: every position of the cache's buffer is a key
-            rope = (self.rope_cos.index_select(0, pos)[:, None], self.rope_sin.index_select(0, pos)[:, None])
-            kpos, qpos = torch.arange(cache.max_len, device=pos.device), pos
-        else:
-            rope = (self.rope_cos[pos.start:pos.stop:pos.step, None], self.rope_sin[pos.start:pos.stop:pos.step, None])
-            strided = cache is not None and len(pos) > 1 and not (pos.start == 0 and pos.step == 1)
-            if W == 0 and not strided:
-                return rope, None
-            kpos = torch.arange(pos[-1] + 1, device=self.rope_cos.device)
-            qpos = torch.arange(pos.start, pos.stop, pos.step, device=kpos.device)
-        return rope, (kpos[None, :] <= qpos[:, None]) & ((kpos[None, :] > qpos[:, None] - W) if W > 0 else True)
-
-    def fb(self, state_in):
-        # LRT-shared: W_fb state_in (B, T, 2, Hkv, hd), one projection for every layer; else None
-        shared = state_in is not None and self.lrt is not None and self.lrt.fb is not None and self.lrt.shared
-        return self.lrt.project(0, state_in) if shared else None
+        rope = (self.rope_cos[pos.start:pos.stop:pos.step, None], self.rope_sin[pos.start:pos.stop:pos.step, None])
+        strided = cache is not None and len(pos) > 1 and not (pos.start == 0 and pos.step == 1)
+        if W == 0 and not strided:
+            return rope, None
+        kpos = torch.arange(pos[-1] + 1, device=self.rope_cos.device)
+        qpos = torch.arange(pos.start, pos.stop, pos.step, device=kpos.device)
+        return rope, causal_mask(qpos, kpos, W)
 
     def next_state(self, h, state_in, rec_mask=None):
         """The state token t hands to token t+1, from h = h^(e)_t and the state it read. A T2MLR
@@ -494,26 +434,25 @@ class GPT(nn.Module):
             state_in = state_in * rec_mask.unsqueeze(-1).to(state_in.dtype)
         return state_in
 
-    def _logits_loss(self, x, targets):
-        logits = self.lm_head(self.ln_f(x))[..., :self.config.vocab_size]  # padded rows: never sampled, never in the loss
+    def _logits_loss(self, x, targets):  # the padded vocabulary rows: never sampled, never in the loss
+        logits = self.lm_head(self.ln_f(x))[..., :self.config.vocab_size]
         return logits, (None if targets is None else ce_loss(logits, targets))
 
     # ------------------------------------------------------------------
     # forward passes
 
     def forward(self, idx, targets=None, mode='exact', n_iter=8, n_grad=4, n_subsets=2, rec_mask=None, n_rounds=1,
-                recompute=False, compile=False, block_len=1):
+                recompute=False, block_len=1):
         """idx, targets: (B, T) token ids (targets -1 = no loss). Returns (logits (B, T, V), loss).
         mode: 'plain'        the backbone alone, recurrence bypassed
               'exact'        the exact sequential recurrence (what generation computes)
-              'jacobi'       Jacobi iterations (D = n_iter, gradient through the last B = n_grad)
+              'jacobi'       Jacobi iterations (D = n_iter, gradient through the last n_grad)
               'interleaved'  n_subsets strided subsets refined in order, n_rounds times
               'block'        chunks of block_len tokens in order, the state crossing chunk boundaries only
               'zero'         the exact forward with every position reading an all-zero state
         rec_mask: optional (B, T) bool, where the recurrence is on (default: everywhere).
         recompute: activation checkpointing of the passes that keep a graph (recomputed in
-        backward). compile: the exact modes' span steps through the compiled static step.
-        With recurrence='none' every mode is the plain parallel forward."""
+        backward). With recurrence='none' every mode is the plain parallel forward."""
         T = idx.size(1)
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
@@ -522,39 +461,36 @@ class GPT(nn.Module):
             x = self.run_blocks(self.drop(self.wte(idx)), 0, self.config.n_layer - 1, range(T))
         elif mode in ('exact', 'zero', 'block'):
             C = block_len if mode == 'block' else 1
-            x, _, _ = self._exact(idx, KVCache(self.config.n_layer, T), rec_mask, mode == 'zero', compile and C == 1, C)
+            x, _, _ = self._exact(idx, KVCache(self.config.n_layer, T), rec_mask, mode == 'zero', C)
         elif mode == 'jacobi':
             x = self._jacobi(idx, n_iter, n_grad, None, rec_mask, recompute)[0]
         else:
             return self.forward_interleaved(idx, targets, n_subsets, rec_mask, n_rounds, recompute)
         return self._logits_loss(x, targets)
 
-    def _exact(self, idx, cache, rec_mask=None, zero_state=False, compile=False, chunk=1):
+    def _exact(self, idx, cache, rec_mask=None, zero_state=False, chunk=1, span_step=None):
         """The exact recurrence (DESIGN.md 5): token t reads the state token t-1 handed on. Below
         and above the span run in parallel; only the span runs token by token. zero_state
         (mode='zero'): no state is handed on, every token reads 0, so loss(zero) - loss(exact)
-        is what the state carries. compile: the span steps through the compiled static step.
-        chunk = C > 1: block training (DESIGN.md 7, "Block training"; the LRT paper's baseline, which
-        its official code does not implement): the span runs C tokens at a time, the first reading
-        the state the chunk before handed on, the others 0.
+        is what the state carries. span_step: the one-token step (engine.py passes its own).
+        chunk = C > 1: block training (DESIGN.md 7; the LRT paper's baseline): the span runs C tokens
+        at a time, the first reading the state the chunk before handed on, the others 0.
         Returns (x_out (B, T, d), the states read (B, T, d), the last token's new state (B, d))."""
         B, T = idx.shape
         x = self.run_blocks(self.drop(self.wte(idx)), 0, self.s - 1, range(T), None, cache)  # below
         state = x.new_zeros(B, 1, self.config.n_embd)  # R_{-1} = 0
-        hs, reads = [], []
+        step, hs, reads = span_step or self.span_step, [], []  # hs: h^(e) of each token; reads: the state it read
         for t in range(0, T, chunk):  # the recurrence, one token (or chunk) at a time
             u = min(t + chunk, T)
-            m = None if rec_mask is None else rec_mask[:, t:u]
-            step = self.compiled('span_step', compile) if compile and t else self.span_step  # token 0 allocates the cache
-            pos = torch.tensor([t], device=idx.device) if compile else range(t, u)
+            mask = None if rec_mask is None else rec_mask[:, t:u]
             st = state if u - t == 1 else F.pad(state, (0, 0, 0, u - t - 1))  # (B, u - t, d): 0 inside a chunk
-            h, read, new = step(x[:, t:u], idx[:, t:u], pos, st, cache, m)
+            h, read, new = step(x[:, t:u], idx[:, t:u], range(t, u), st, cache, mask)
             hs.append(h)
             reads.append(read)
             if not zero_state:
                 state = new[:, -1:]
         h, reads = torch.cat(hs, 1), torch.cat(reads, 1)
-        x = self.run_blocks(h, self.e + 1, self.config.n_layer - 1, range(T), reads, cache, rec_mask)  # above
+        x = self.run_blocks(h, self.e + 1, self.config.n_layer - 1, range(T), self.read(reads, rec_mask), cache)  # above
         return x, reads, state[:, 0]
 
     def span_step(self, x, idx, pos, state, cache, rec_mask=None):
@@ -562,28 +498,26 @@ class GPT(nn.Module):
         (B, 1, d) what the token before handed on. -> (h^(e), the state read, the state handed on).
         (Block training: n tokens at once, x, idx, state (B, n, ...), the states each one reads.)"""
         read = self._reset(state, idx, rec_mask)
-        h = self.run_blocks(x, self.s, self.e, pos, read, cache, rec_mask)
+        h = self.run_blocks(x, self.s, self.e, pos, self.read(read, rec_mask), cache)
         return h, read, self.next_state(h, read, rec_mask)
 
     def _jacobi(self, idx, n_iter, n_grad, cache=None, rec_mask=None, recompute=False, tol=None):
         """Jacobi fixed-point iterations over the span (DESIGN.md 6), as the official code runs
-        them (D = n_iter, B = n_grad): 1. an initial pass, the span without the state ('plain':
-        each token hands on its raw h^(e)) or on the zero state ('zero'); 2. D-1 iterations: fuse
-        the shifted states, run the span, new states; the last B carry gradient; 3. a final pass.
+        them (D = n_iter): 1. an initial pass, the span without the state ('plain': each token
+        hands on its raw h^(e)) or on the zero state ('zero'); 2. D-1 iterations: fuse the shifted
+        states, run the span, new states; the last n_grad carry gradient; 3. a final pass.
         The span runs D+1 times. Exact after it: positions 0..D-1 ('plain'), 0..D ('zero'). tol
         (prefill): stop once no state moves by more than tol. -> (x_out, state_in, h_e, passes)."""
         (B, T), D, grad = idx.shape, n_iter, torch.is_grad_enabled()
 
-        def span(st, fb=None):  # one pass of the span over the whole sequence, reading states st
-            run = lambda x, st: self.run_blocks(x, self.s, self.e, range(T), st, cache, rec_mask,
-                                                self.fb(st) if fb is None else fb)
-            if recompute and torch.is_grad_enabled():  # keep only the inputs; recompute in backward
-                return checkpoint(run, x, st, use_reentrant=False)
-            return run(x, st)
+        def span(st, state_in=None):  # one pass of the span over the whole sequence, reading states st
+            run = lambda x, st: self.run_blocks(x, self.s, self.e, range(T), state_in or self.read(st, rec_mask), cache)
+            # with recompute: keep only the inputs, recompute the pass in backward
+            return checkpoint(run, x, st, use_reentrant=False) if recompute and torch.is_grad_enabled() else run(x, st)
 
         # the layers below the span do not depend on the state: run them once
         x = self.run_blocks(self.drop(self.wte(idx)), 0, self.s - 1, range(T), None, cache)
-        # 1. initial pass; it carries gradient only when every pass does (B = D)
+        # 1. initial pass; it carries gradient only when every pass does (n_grad = D)
         with torch.set_grad_enabled(grad and n_grad >= D):
             if self.config.jacobi_init == 'plain':
                 h = self.run_blocks(x, self.s, self.e, range(T), None, cache)
@@ -592,7 +526,7 @@ class GPT(nn.Module):
             else:
                 zero = x.new_zeros(B, T, self.config.n_embd)
                 state_in = self.shift_states(self.next_state(span(zero), zero, rec_mask), idx, rec_mask)
-        # 2. D-1 iterations; iteration d has D-1-d left and carries gradient when that is <= B
+        # 2. D-1 iterations; iteration d has D-1-d left and carries gradient when that is <= n_grad
         passes = D + 1
         for d in range(D - 1):
             with torch.set_grad_enabled(grad and D - 1 - d <= n_grad):
@@ -603,9 +537,9 @@ class GPT(nn.Module):
                 passes = d + 3
                 break
         # 3. final pass: the span, then the layers above, with the state it read
-        fb = self.fb(state_in)
-        h = span(state_in, fb)
-        x = self.run_blocks(h, self.e + 1, self.config.n_layer - 1, range(T), state_in, cache, rec_mask, fb)
+        read = self.read(state_in, rec_mask)  # one StateIn for the span and the layers above
+        h = span(state_in, read)
+        x = self.run_blocks(h, self.e + 1, self.config.n_layer - 1, range(T), read, cache)
         return x, state_in, h, passes
 
     def forward_interleaved(self, idx, targets=None, n_subsets=2, rec_mask=None, n_rounds=1, recompute=False):
@@ -613,35 +547,35 @@ class GPT(nn.Module):
         n_rounds times over (R > 1: our extension for deep chains; S = 1: the official multi-refine).
         Exact: the first max(R*S, R+1) positions. -> (logits, each position's from the last pass
         that refined it; loss, the mean of the 1 + R*S pass losses)."""
-        (B, T), S, s, L = idx.shape, n_subsets, self.s, self.config.n_layer
+        (B, T), S, L = idx.shape, n_subsets, self.config.n_layer
 
-        def refine(x, st, P, m, ks, vs):
+        def refine(x, st, P, mask, ks, vs):
             # blocks s..L-1 for the tokens at positions P, reading states st, over the key/value
             # buffer (ks, vs: layers s..L-1) the passes before left. -> (h^(e), the output, the
             # buffer after): a pure function, so that checkpointing can recompute it in backward
             buf = KVCache(L, T)
-            buf.k[s:], buf.v[s:] = ks, vs
-            fb = self.fb(st)
-            h = self.run_blocks(x, s, self.e, P, st, buf, m, fb)
-            return h, self.run_blocks(h, self.e + 1, L - 1, P, st, buf, m, fb), buf.k[s:], buf.v[s:]
+            buf.k[self.s:], buf.v[self.s:] = ks, vs
+            read = self.read(st, mask)
+            h = self.run_blocks(x, self.s, self.e, P, read, buf)
+            return h, self.run_blocks(h, self.e + 1, L - 1, P, read, buf), buf.k[self.s:], buf.v[self.s:]
 
-        def run(*args):  # with recompute: keep only the inputs, recompute the pass in backward
-            return checkpoint(refine, *args, use_reentrant=False) if recompute and torch.is_grad_enabled() else refine(*args)
+        recompute = recompute and torch.is_grad_enabled()  # keep only a pass's inputs, recompute it in backward
+        run = (lambda *args: checkpoint(refine, *args, use_reentrant=False)) if recompute else refine
 
-        xs = self.run_blocks(self.drop(self.wte(idx)), 0, s - 1, range(T))  # below: once
+        xs = self.run_blocks(self.drop(self.wte(idx)), 0, self.s - 1, range(T))  # below: once
         # 1. init pass with zero memory; keep its keys/values and the source states
         zero = xs.new_zeros(B, T, self.config.n_embd)
-        h, out, ks, vs = run(xs, zero, range(T), rec_mask, [None] * (L - s), [None] * (L - s))
+        h, out, ks, vs = run(xs, zero, range(T), rec_mask, [None] * (L - self.s), [None] * (L - self.s))
         states = self.next_state(h, zero, rec_mask)  # (B, T, d) the latest state produced by each token
         logits, loss0 = self._logits_loss(out, targets)
         logits, losses = torch.empty_like(logits), [loss0]
         # 2. refine the subsets in order, R times over; each sees the states refined before it
         for _ in range(n_rounds):
             for i in range(S):
-                m = None if rec_mask is None else rec_mask[:, i::S]
+                mask = None if rec_mask is None else rec_mask[:, i::S]
                 st = self.shift_states(states, idx, rec_mask)[:, i::S]  # memory shift(h_latest) at subset i
-                h, out, ks, vs = run(xs[:, i::S], st, range(i, T, S), m, ks, vs)
-                states = states.slice_scatter(self.next_state(h, st, m), dim=1, start=i, end=T, step=S)
+                h, out, ks, vs = run(xs[:, i::S], st, range(i, T, S), mask, ks, vs)
+                states = states.slice_scatter(self.next_state(h, st, mask), dim=1, start=i, end=T, step=S)
                 logits_i, loss_i = self._logits_loss(out, None if targets is None else targets[:, i::S])
                 logits[:, i::S] = logits_i  # in place: a later round overwrites an earlier one
                 losses.append(loss_i)
@@ -651,7 +585,7 @@ class GPT(nn.Module):
     # generation: KV cache + one state vector per sequence, one pass per token
 
     @torch.no_grad()
-    def prefill(self, idx, cache, mode='exact', n_iter=8, compile=False, tol=None):
+    def prefill(self, idx, cache, mode='exact', n_iter=8, tol=None):
         """A prompt into the cache -> (logits (B, T, V), the state the next token reads (B, d), span
         passes). mode: 'exact'; 'jacobi' (D = n_iter; with tol, until no state moves by more than
         tol, at most T iterations: exact by construction); 'plain' (no recurrence in the prompt)."""
@@ -661,7 +595,7 @@ class GPT(nn.Module):
             return self._logits_loss(x, None)[0], None, 0
         passes = T if mode == 'exact' else 0
         if mode == 'exact':
-            x, _, state = self._exact(idx, cache, compile=compile)
+            x, _, state = self._exact(idx, cache)
         elif mode == 'jacobi':
             # the state of the last prompt token from the final pass (one refinement beyond
             # the official code, which seeds decoding from its last iteration)
@@ -678,42 +612,28 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def decode_step(self, tok, pos, state, cache):
-        """One forward pass for one new token per sequence. tok: (B, 1) at position pos, a (1,)
-        long tensor (or an int); state: (B, d) from token pos-1. -> (logits (B, 1, V), new state
-        (B, d)). The static step: no shape depends on pos, so torch.compile compiles it once."""
-        pos = pos if torch.is_tensor(pos) else torch.tensor([pos], device=tok.device)
+        """One forward pass for one new token per sequence. tok: (B, 1) at position t, pos =
+        range(t, t + 1); state: (B, d) from token t-1. -> (logits (B, 1, V), new state (B, d))."""
         x = self.wte(tok)
         if self.rec == 'none':
             return self._logits_loss(self.run_blocks(x, 0, self.config.n_layer - 1, pos, None, cache), None)[0], None
         read = self._reset(state[:, None], tok)
-        fb = self.fb(read)  # once per token, for every layer
-        h = self.run_blocks(x, 0, self.e, pos, read, cache, None, fb)
-        new_state = self.next_state(h, read)[:, 0]
-        x = self.run_blocks(h, self.e + 1, self.config.n_layer - 1, pos, read, cache, None, fb)
-        return self._logits_loss(x, None)[0], new_state
+        state_in = self.read(read)  # once per token, for every layer
+        h = self.run_blocks(x, 0, self.e, pos, state_in, cache)
+        x = self.run_blocks(h, self.e + 1, self.config.n_layer - 1, pos, state_in, cache)
+        return self._logits_loss(x, None)[0], self.next_state(h, read)[:, 0]
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, prefill='exact', prefill_iters=8,
-                 return_logits=False, generator=None, stop_token=None, on_token=None, compile=False, prefill_tol=None):
+                 return_logits=False, generator=None, stop_token=None, on_token=None, prefill_tol=None):
         """idx: (B, T0) prompts -> (B, T0 + max_new_tokens) tokens (return_logits: and the logits
         of every next token). One forward pass per new token after the prefill. temperature 0 =
         greedy; on_token(tokens so far) after each token; stop_token: stop once every row made it.
-        compile: True or a mode ('reduce-overhead': CUDA graphs): the same steps compiled, over one
-        KV cache per shape kept across calls, so a CUDA graph recorded once replays."""
+        (engine.Engine.generate: this loop over engine.py's steps.)"""
         B, T0 = idx.shape
-        check_sampling(temperature, top_k)
-        if prefill == 'jacobi' and not prefill_iters >= 1:  # 0 or less: a negative pass count, no prefill at all
-            raise ValueError(f"prefill_iters={prefill_iters} must be >= 1")
-        if prefill_tol is not None and not prefill_tol >= 0:
-            raise ValueError(f"prefill_tol={prefill_tol} must be >= 0 (or None: prefill_iters passes)")
-        if T0 + max_new_tokens > self.config.block_size:
-            raise ValueError(f"prompt {T0} + {max_new_tokens} new tokens exceeds block_size {self.config.block_size}")
-        cache = KVCache(self.config.n_layer, T0 + max_new_tokens)
-        if compile:
-            cache = self.__dict__.setdefault('_caches', {}).setdefault((B, T0 + max_new_tokens), cache)
-        logits, state, _ = self.prefill(idx, cache, prefill, prefill_iters, compile, prefill_tol)
-        decode = self.compiled('decode_step', compile) if compile else self.decode_step
-        cuda_graphs = 'reduce-overhead' in (compile, getattr(compile, 'get', dict().get)('mode'))
+        check_generate(self.config, T0, max_new_tokens, temperature, top_k, prefill, prefill_iters, prefill_tol)
+        cache = self.new_cache(B, T0 + max_new_tokens)
+        logits, state, _ = self.prefill(idx, cache, prefill, prefill_iters, prefill_tol)
         all_logits, out, done = [logits], [idx], torch.zeros(B, 1, dtype=torch.bool, device=idx.device)
         for step in range(max_new_tokens):
             tok = sample(logits[:, -1], temperature, top_k, generator)  # (B, 1)
@@ -725,22 +645,12 @@ class GPT(nn.Module):
                 if done.all():
                     break
             if step < max_new_tokens - 1:
-                logits, state = decode(tok, torch.tensor([T0 + step], device=idx.device), state, cache)
-                if cuda_graphs:  # CUDA graph outputs are overwritten by the next replay
-                    logits, state = logits.clone(), state if state is None else state.clone()
+                logits, state = self.decode_step(tok, range(T0 + step, T0 + step + 1), state, cache)
                 all_logits.append(logits)
         return (torch.cat(out, 1), torch.cat(all_logits, 1)) if return_logits else torch.cat(out, 1)
 
-    def compiled(self, name, compile=True):
-        """torch.compile'd self.<name> (a static step: 'decode_step' or 'span_step'), built once per
-        model and setting. compile: True, a mode ('reduce-overhead': CUDA graphs) or a dict of
-        torch.compile arguments. (A compiler that fails here: configurator.compile_errors.)"""
-        kw = {} if compile is True else dict(mode=compile) if isinstance(compile, str) else dict(compile)
-        steps = self.__dict__.setdefault('_compiled_steps', {})
-        key = (name, tuple(sorted(kw.items())))
-        if key not in steps:
-            steps[key] = torch.compile(getattr(self, name), dynamic=False, **kw)
-        return steps[key]
+    def new_cache(self, B, max_len):  # generate's KV cache (engine.py keeps one per shape (B, max_len))
+        return KVCache(self.config.n_layer, max_len)
 
     def param_groups(self, weight_decay, rec_lr_mult=1.0, rec_weight_decay=None):
         """AdamW groups: decay on matrices (dim >= 2) only. The recurrence's own parameters get
@@ -760,6 +670,11 @@ class GPT(nn.Module):
 # -----------------------------------------------------------------------------
 # helpers
 
+def causal_mask(qpos, kpos, window=0):
+    """(Tq, Tk) bool: a query at position q reads a key at p iff p <= q (and p > q - window, window > 0)."""
+    return (kpos[None, :] <= qpos[:, None]) & ((kpos[None, :] > qpos[:, None] - window) if window > 0 else True)
+
+
 def where_on(rec_on, new, old):
     """new where the recurrence is on (rec_on: (B, T, 1) bool, None = everywhere), else old."""
     return new if rec_on is None else torch.where(rec_on.view(rec_on.shape + (1,) * (new.dim() - rec_on.dim())), new, old)
@@ -770,15 +685,6 @@ def ce_loss(logits, targets):
     logits, targets = logits.reshape(-1, logits.size(-1)), targets.reshape(-1)
     n = (targets != -1).sum().clamp(min=1)
     return F.cross_entropy(logits, targets, ignore_index=-1, reduction='sum') / n
-
-
-def check_sampling(temperature, top_k):
-    """temperature >= 0 (0 = greedy; a negative one samples the inverted distribution) and top_k
-    None or >= 1 (0 or less is no filter at all, or a torch.topk error): a ValueError otherwise."""
-    if not temperature >= 0:
-        raise ValueError(f"temperature={temperature} must be >= 0 (0 = greedy)")
-    if top_k is not None and not top_k >= 1:
-        raise ValueError(f"top_k={top_k!r} must be None (no top-k filter) or an int >= 1")
 
 
 def sample(logits, temperature=1.0, top_k=None, generator=None):

@@ -50,10 +50,11 @@ import numpy as np
 import torch
 
 from checkpoint import CheckpointError, from_pretrained, load_checkpoint
-from configurator import autocast, check_out_file, compile_errors, configure, fail
+from configurator import check_out_file, compile_errors, configure, device_setup, fail
 from dataset import (check_hub, data_fingerprint, get_tokenizer, load_answers, load_meta, load_rec_mask, load_split,
                      missing_folder, short)
-from diagnostics import corpus_loss, plot_trace, task_accuracy, trace_values
+from diagnostics import corpus_loss, eval_modes, plot_trace, task_accuracy, trace_values
+from engine import Engine
 from model import GPT, GPTConfig
 from sft import extract_answer
 from tasks import position_kinds, task_labels, task_rec_mask
@@ -177,8 +178,8 @@ def evaluate_corpus(model, data_dir, meta, split, batch_size, ctx, scheme):
     data = load_split(data_dir, split, meta)
     T = min(train_config.get('block_size') or model.config.block_size, model.config.block_size)
     t0, res = time.time(), {}
-    modes = [('exact', 'exact'), (scheme['mode'], scheme['mode']), ('zero state', 'zero')]
-    for tag, mode in modes if model.config.recurrence != 'none' else [('plain', 'plain')]:
+    for tag, mode in eval_modes(scheme['mode'], model.config.recurrence != 'none'):
+        tag = {'approx': scheme['mode'], 'zero': 'zero state'}.get(tag, 'plain' if mode == 'plain' else tag)
         loss, n = corpus_loss(model, data, T, mode=mode, batch_size=batch_size, ctx=ctx,
                               **{k: v for k, v in scheme.items() if k != 'mode'})
         res[tag] = loss / math.log(2)
@@ -430,9 +431,7 @@ if __name__ == '__main__':
     check_out_file('trace', trace)  # the picture and its .json (same folder) are written after the work
     check_out_file('jacobi_profile', jacobi_profile)
     read_profiles(profile_with)
-    torch.manual_seed(seed)
-    device_type = 'cuda' if device.startswith('cuda') else 'cpu'
-    ctx = autocast(device_type, dtype)
+    _, _, ctx = device_setup(device, dtype, seed, tf32=False)  # (no TF32: the tokens as before)
 
     # model, and the dataset it was trained on (for the tokenizer and the task splits)
     model, train_config = load_model(init_from, out_dir, device, ckpt)
@@ -517,19 +516,19 @@ if __name__ == '__main__':
     idx = torch.tensor([ids], dtype=torch.long, device=device)
     generator = torch.Generator(device=device).manual_seed(seed)
     kw = dict(temperature=temperature, top_k=top_k or None, prefill=prefill, prefill_iters=prefill_iters, generator=generator,
-              prefill_tol=prefill_tol if prefill_tol >= 0 else None,
-              compile=compile)
+              prefill_tol=prefill_tol if prefill_tol >= 0 else None)
+    gen = Engine(model, compile=True) if compile else model  # engine.py: the same steps, compiled
     with ctx, compile_errors() if compile else nullcontext():
         if num_samples == 1 and stream:
             prompt_text = decode(ids[skip:]).rstrip('\ufffd')
             print(prompt_text, end='', flush=True)
             on_token, shown = printer(decode, skip, prompt_text)
-            y = model.generate(idx, max_new_tokens, on_token=on_token, **kw)
+            y = gen.generate(idx, max_new_tokens, on_token=on_token, **kw)
             text = decode(y[0, skip:].tolist())
             print(text[len(shown[0]):] if text.startswith(shown[0]) else '\n' + text)
             print('---------------')
         else:
-            y = model.generate(idx.repeat(num_samples, 1), max_new_tokens, **kw)
+            y = gen.generate(idx.repeat(num_samples, 1), max_new_tokens, **kw)
             for row in y.tolist():
                 print(decode(row[skip:]))
                 print('---------------')

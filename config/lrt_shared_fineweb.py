@@ -2,7 +2,7 @@
 # the upper-middle layer 18 of 30 (0-based 17, about 0.6 L as the paper's 12 of 20), injected
 # into every layer through the residual stream and each token's own key/value (one shared
 # W_fb pair), trained with interleaved subsets S=2 (about 2x a plain step).
-# Paper (nanochat-style GPT, equal training compute): BPB 0.699 -> 0.695 at 24 layers.
+# The paper's numbers: docs/usage.md, "Paper-scale configs (GPU)".
 # GPU. Data: python prepare.py fineweb_edu
 out_dir = 'out/lrt_shared_fineweb'
 dataset = 'fineweb_edu'

@@ -1,5 +1,5 @@
 # A small LRT model on the built-in parity task (state tracking over Z_2),
-# a few minutes on a 2-core CPU. Data: python prepare.py s5 --group=Z2
+# on a CPU. Data: python prepare.py s5 --group=Z2
 # LRT-shared memory from layer 2 into every layer, interleaved subsets S=2.
 out_dir = 'out/lrt_small'
 dataset = 's5_Z2'

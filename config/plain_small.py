@@ -1,5 +1,5 @@
 # The plain GPT baseline on the built-in parity task (state tracking over Z_2),
-# a few minutes on a 2-core CPU. Data: python prepare.py s5 --group=Z2
+# on a CPU. Data: python prepare.py s5 --group=Z2
 out_dir = 'out/plain_small'
 dataset = 's5_Z2'
 n_layer = 4

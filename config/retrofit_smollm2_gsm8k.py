@@ -1,6 +1,6 @@
 # Retrofit T2MLR into SmolLM2-1.7B-Instruct and fine-tune on GSM8K: the paper's retrofit
-# experiment (GSM8K 35.8 -> 39.9), as far as it can be reconstructed (README, "Retrofit a
-# pretrained model", says what is known and what is guessed). One GPU with bf16 (an H100/H200: ~27 GB for fp32
+# experiment, as far as it can be reconstructed (docs/usage.md, "Retrofit a pretrained
+# model", has the paper's numbers and says what is known and what is guessed). One GPU with bf16 (an H100/H200: ~27 GB for fp32
 # weights + AdamW, plus activations). Needs internet once (model, tokenizer, data are cached).
 #   python prepare.py gsm8k --tokenizer=HuggingFaceTB/SmolLM2-1.7B-Instruct
 #   python train.py config/retrofit_smollm2_gsm8k.py

@@ -7,7 +7,7 @@
 # 1000 distinct prompts: 900 train, 50 val, 50 test, no test prompt seen in training).
 # Then:  python train.py config/retrofit_tiny.py
 #        python sample.py --out_dir=out/retrofit_tiny --eval_answers=test --max_new_tokens=16
-# About 2 minutes on a free 2-core CPU. The model starts random, so the learning rate is a
+# The model starts random, so the learning rate is a
 # from-scratch one (3e-3), not the fine-tuning 1e-5 of the real recipe; the rest follows it.
 out_dir = 'out/retrofit_tiny'
 init_from = 'data/tiny_retrofit_demo/llama'  # a Hugging Face Llama folder (or Hub name)

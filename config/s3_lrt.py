@@ -1,4 +1,4 @@
-# LRT with its own training scheme on the S3 word problem (README, "Non-abelian groups").
+# LRT with its own training scheme on the S3 word problem (docs/evidence.md, S_3).
 # Data: python prepare.py s5 --group=S3
 # Interleaved subsets with S = 32 = T: every position is refined once, in order, reading the
 # exact memory of the one before, so training is exact and the gradient runs through the

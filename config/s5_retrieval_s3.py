@@ -4,7 +4,7 @@
 # Data: python prepare.py s5_retrieval --group=S3 --k=1
 # The official recipe's recurrence at 4 layers instead of 6: from the output of layer L-2 into
 # layer 1 (its l_start=1, l_end=-2), Jacobi D=16 < T with gradient through the last B=4, NoPE,
-# the state's residual on and detached; a CPU learning rate and batch. About 60 minutes of one core.
+# the state's residual on and detached; a CPU learning rate and batch.
 # Baseline: --recurrence=none --train_mode=plain --out_dir=out/s5_retrieval_s3_plain
 out_dir = 'out/s5_retrieval_s3'
 dataset = 's5_retrieval_S3'

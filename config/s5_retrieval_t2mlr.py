@@ -2,8 +2,7 @@
 # settings (princeton-pli/T2MLR scripts/s5_retrieval/train_s5_retrieval.sh; DESIGN.md 11): track a
 # running permutation of 5 elements AND copy the 4-character value the in-context dictionary holds
 # for each move. Trained on rows of 32 moves (every prefix is labelled), tested at 48 and 64.
-# Paper: near-perfect in distribution, ~0.86 token accuracy at 48 moves; plain Transformers fail.
-# A GPU run, never run here (no GPU was lent to us).
+# A GPU run; the paper's numbers: docs/usage.md, "Paper-scale configs (GPU)".
 # Data: python prepare.py s5_retrieval --group=S5 --k=4    (official layout; rows of 289 tokens)
 # Baseline: add --recurrence=none --train_mode=plain --out_dir=out/s5_retrieval_plain
 out_dir = 'out/s5_retrieval_t2mlr'

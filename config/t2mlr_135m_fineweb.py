@@ -1,6 +1,6 @@
 # T2MLR at the paper's pretraining scale (DESIGN.md 10): SmolLM2-135M shape, middle-layer
 # recurrence over layers 13-18 of 30 (1-based; here 0-based 12..17), Jacobi D=16, B=4,
-# FineWeb-Edu. Paper (10B tokens): perplexity 22.64 -> 21.54, 7-task zero-shot 42.83 -> 44.14.
+# FineWeb-Edu. The paper's numbers: docs/usage.md, "Paper-scale configs (GPU)".
 # GPU. Data: python prepare.py fineweb_edu   (GPT-2 tokenizer, so the vocab is GPT-2's,
 # not SmolLM2's 49152; everything else is the SmolLM2-135M shape)
 # 8 GPUs: torchrun --standalone --nproc_per_node=8 train.py config/t2mlr_135m_fineweb.py

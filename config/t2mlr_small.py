@@ -1,5 +1,5 @@
 # A small T2MLR model on the built-in parity task (state tracking over Z_2),
-# about 7 minutes on one CPU core. Data: python prepare.py s5 --group=Z2
+# on a CPU. Data: python prepare.py s5 --group=Z2
 # Full-layer recurrence (layers 0..3), trained with Jacobi iterations D=8, B=4.
 out_dir = 'out/t2mlr_small'
 dataset = 's5_Z2'

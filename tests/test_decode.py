@@ -5,8 +5,9 @@ exactly once over a long generation."""
 import pytest
 import torch
 
-import model as model_module
-from model import GPT, GPTConfig, KVCache
+import engine as engine_module
+from engine import Engine, StaticKVCache
+from model import GPT, GPTConfig
 from reference import naive_exact
 from test_model import TOL, make, tokens
 
@@ -21,14 +22,15 @@ DECODE_IDS = ['t2mlr', 'lrt-shared', 'lrt-layerwise', 'plain']
 
 
 def forced_decode(m, seq, P):
-    """Prefill seq[:, :P], then feed seq[:, P:] one token at a time through decode_step
-    (teacher forcing). Returns the logits at every position (B, T, V)."""
+    """Prefill seq[:, :P], then feed seq[:, P:] one token at a time through the engine's static
+    decode_step, run eagerly (teacher forcing). Returns the logits at every position (B, T, V)."""
     B, T = seq.shape
-    cache = KVCache(m.config.n_layer, T)
+    engine = Engine(m, compile=False)
+    cache = StaticKVCache(m.config.n_layer, T)
     logits, state, _ = m.prefill(seq[:, :P], cache)
     out = [logits]
     for t in range(P, T):
-        lt, state = m.decode_step(seq[:, t:t + 1], torch.tensor([t]), state, cache)
+        lt, state = engine.decode_step(seq[:, t:t + 1], torch.tensor([t]), state, cache)
         out.append(lt)
     return torch.cat(out, 1)
 
@@ -67,7 +69,7 @@ def test_compiled_decode_compiles_once_and_equals_eager(rec):
     from torch._dynamo.utils import counters
     counters.clear()
     with torch._dynamo.config.patch(recompile_limit=1, error_on_recompile=True):
-        out_c, lc = m.generate(idx, 65, temperature=0, return_logits=True, compile=True)
+        out_c, lc = Engine(m).generate(idx, 65, temperature=0, return_logits=True)
     assert counters['stats']['unique_graphs'] == 2  # decode_step + exact prefill's span step, no graph break
     out_e, le = m.generate(idx, 65, temperature=0, return_logits=True)
     assert torch.equal(out_c, out_e)
@@ -86,14 +88,14 @@ def test_compile_failure_is_one_line(monkeypatch, capsys):
         def call(*args):
             raise InvalidCxxCompiler()  # what a machine without a C++ compiler raises
         return call
-    monkeypatch.setattr(model_module.torch, 'compile', broken_compile)
+    monkeypatch.setattr(engine_module.torch, 'compile', broken_compile)
     m = tiny32('t2mlr')
     with pytest.raises(SystemExit) as e, compile_errors():
-        m.generate(torch.zeros(1, 4, dtype=torch.long), 3, temperature=0, compile=True)
+        Engine(m).generate(torch.zeros(1, 4, dtype=torch.long), 3, temperature=0)
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count('\n') == 1 and '--compile=False' in err and 'InvalidCxxCompiler' in err
     with pytest.raises(ValueError, match='exceeds block_size'), compile_errors():  # not the compiler's: untouched
-        m.generate(torch.zeros(1, 4, dtype=torch.long), 300, compile=True)
+        Engine(m).generate(torch.zeros(1, 4, dtype=torch.long), 300)
 
 
 @pytest.mark.parametrize('kw', [DECODE_STYLES[0], DECODE_STYLES[2]], ids=['t2mlr', 'lrt-layerwise'])
@@ -113,7 +115,7 @@ def test_old_checkpoint_with_separate_projections_loads(tmp_path, kw):
         elif k.endswith('mlp.w_gu.weight'):
             pre = k[:-len('w_gu.weight')]
             old[pre + 'w_gate.weight'], old[pre + 'w_up.weight'] = w.split([hid, hid])
-        elif k.startswith('lrt.fb.'):
+        elif k.startswith('lrt.w_fb.'):
             j = k.split('.')[2]
             old[f'lrt_fb_k.{j}.weight'], old[f'lrt_fb_v.{j}.weight'] = w.split([dkv, dkv])
         elif k.startswith('lrt.gate.'):  # the layout before LRT was one module: per block

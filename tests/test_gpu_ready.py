@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 import model as model_module
-from model import KVCache, attend
+from engine import Engine, StaticKVCache
+from model import attend
 from test_model import STYLES, TOL, make, tokens
 from test_train import common, data, run  # noqa: F401  (the parity dataset fixture)
 
@@ -72,6 +73,7 @@ def test_every_mask_has_equal_head_counts(sdpa_calls, kw, window):
     m(idx, mode='interleaved', n_subsets=3)
     m(idx, mode='exact')
     m.generate(idx[:, :4], 5, temperature=0)
+    Engine(m, compile=False).generate(idx[:, :4], 5, temperature=0)  # the static decode step
     masked = [c for c in sdpa_calls if c[2] is not None]
     assert masked, 'no masked call: the test would prove nothing'
     assert all(hq == hk == 2 for hq, hk, _, _ in masked), masked  # 2 = the KV heads
@@ -81,10 +83,10 @@ def test_every_mask_has_equal_head_counts(sdpa_calls, kw, window):
 def test_static_decode_folds_query_groups(sdpa_calls):
     # one decoded token, 4 query heads over 2 KV heads: a (2 x 1, max_len) mask per KV head
     m = make(**STYLES[0])
-    cache = KVCache(4, 12)
+    cache = StaticKVCache(4, 12)
     _, state, _ = m.prefill(tokens(T=5), cache)
     sdpa_calls.clear()
-    m.decode_step(tokens(T=1), 5, state, cache)
+    Engine(m, compile=False).decode_step(tokens(T=1), range(5, 6), state, cache)
     assert {c[:3] for c in sdpa_calls} == {(2, 2, (2, 12))}
 
 # -----------------------------------------------------------------------------
@@ -94,13 +96,14 @@ def test_static_decode_folds_query_groups(sdpa_calls):
 def test_kv_buffers_are_static_and_reused():
     m = make(**STYLES[0]).float()
     idx = tokens(B=2, T=4)
-    m.generate(idx, 6, temperature=0, compile=dict(backend='eager'))
-    (cache,) = m._caches.values()
+    engine = Engine(m, compile=dict(backend='eager'))
+    engine.generate(idx, 6, temperature=0)
+    (cache,) = engine.caches.values()
     bufs = [t for t in cache.k + cache.v if t is not None]
     assert bufs and all(getattr(t, '_dynamo_static_input_type', None) for t in bufs)  # mark_static_address
     ptrs = [t.data_ptr() for t in bufs]
-    m.generate(idx, 6, temperature=0, compile=dict(backend='eager'))
-    assert list(m._caches.values()) == [cache] and [t.data_ptr() for t in cache.k + cache.v if t is not None] == ptrs
+    engine.generate(idx, 6, temperature=0)
+    assert list(engine.caches.values()) == [cache] and [t.data_ptr() for t in cache.k + cache.v if t is not None] == ptrs
 
 
 def test_generate_compiles_once_across_calls():
@@ -111,8 +114,9 @@ def test_generate_compiles_once_across_calls():
     torch._dynamo.reset()
     counters.clear()
     with torch._dynamo.config.patch(recompile_limit=1, error_on_recompile=True):
-        a = m.generate(idx, 10, temperature=0, compile=dict(backend='eager'))
-        b = m.generate(idx, 10, temperature=0, compile=dict(backend='eager'))
+        engine = Engine(m, compile=dict(backend='eager'))
+        a = engine.generate(idx, 10, temperature=0)
+        b = engine.generate(idx, 10, temperature=0)
     assert counters['stats']['unique_graphs'] == 2  # decode_step and the exact prefill's span step
     assert torch.equal(a, b) and torch.equal(a, m.generate(idx, 10, temperature=0))
     torch._dynamo.reset()

@@ -137,7 +137,7 @@ def test_decode_resets_on_generated_reset_token():
     cache = KVCache(4, 10)
     logits, state, _ = m.prefill(prompt, cache)
     tok = torch.full((2, 1), 5)
-    l1, _ = m.decode_step(tok, 4, state, cache)
+    l1, _ = m.decode_step(tok, range(4, 5), state, cache)
     ref = m(torch.cat([prompt, tok], 1), mode='exact')[0][:, -1:]
     torch.testing.assert_close(l1, ref, **TOL)
 

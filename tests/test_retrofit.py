@@ -199,7 +199,7 @@ def test_recurrence_at_identity_matches_hf(ckpt, f64_reference, rec, mode):
     if model.rec == 't2mlr':
         assert model.fusion is not None and model.config.rec_gate_gain == 1e-2  # retrofit default
     else:
-        assert model.config.lrt_identity_init and model.lrt.fb is not None
+        assert model.config.lrt_identity_init and model.lrt.w_fb is not None
     assert max_diff(hf, model, tokens(), **MODES[mode]) < TIGHT
 
 

@@ -75,7 +75,7 @@ def test_zero_state_equals_explicit_zero_state(recurrence, kw):
         zeros = torch.zeros(11, model.config.n_embd, dtype=torch.float64)
         want = torch.stack([ref.full_model(model, ids, zeros)[0] for ids in idx])  # naive, state_in = 0
         # and run_blocks fed an explicit zero state, in parallel
-        x = model.run_blocks(model.wte(idx), 0, model.config.n_layer - 1, range(11), torch.zeros(2, 11, 16, dtype=torch.float64))
+        x = model.run_blocks(model.wte(idx), 0, model.config.n_layer - 1, range(11), model.read(torch.zeros(2, 11, 16, dtype=torch.float64)))
         par, par_loss = model._logits_loss(x, y)
         exact, exact_loss = model(idx, y, mode='exact')
     torch.testing.assert_close(logits, want, atol=1e-10, rtol=0)

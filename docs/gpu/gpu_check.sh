@@ -29,10 +29,11 @@ for cfg in ('plain_135m_fineweb', 't2mlr_135m_fineweb', 'lrt_shared_fineweb'):
     del g, opt, x, fwd; torch.cuda.empty_cache()
 torch._dynamo.reset(); counters.clear(); torch.manual_seed(0)
 g = model.GPT(model.GPTConfig(block_size=64, vocab_size=128, n_layer=2, n_head=4, n_kv_head=2, n_embd=64, recurrence='t2mlr', rec_start=0, rec_end=1)).to(dev).eval()
-idx = torch.randint(0, 128, (2, 8), device=dev); gen = lambda **kw: g.generate(idx, 24, temperature=0, prefill='plain', **kw)
+import engine; eng = engine.Engine(g, 'reduce-overhead')
+idx = torch.randint(0, 128, (2, 8), device=dev); gen = lambda m=g: m.generate(idx, 24, temperature=0, prefill='plain')
 try:
-    a, b = gen(compile='reduce-overhead'), gen(compile='reduce-overhead')
-    print(f"generate(compile='reduce-overhead') x2: cudagraph skips {counters['inductor']['cudagraph_skips']}, graphs {counters['stats']['unique_graphs']}, tokens == eager {torch.equal(a, gen()) and torch.equal(b, a)}")
+    a, b = gen(eng), gen(eng)
+    print(f"Engine(compile='reduce-overhead').generate x2: cudagraph skips {counters['inductor']['cudagraph_skips']}, graphs {counters['stats']['unique_graphs']}, tokens == eager {torch.equal(a, gen()) and torch.equal(b, a)}")
 except Exception as ex: print('generate compile failed:', type(ex).__name__, str(ex)[:300])
 EOF
 grep -E "^(torch|SDPA|generate|135M|Traceback|[A-Za-z]*Error)" "$L/probe.log"; echo "  'skipping cudagraphs' log lines: $(grep -c 'skipping cudagraphs' "$L/probe.log")"
