@@ -15,6 +15,7 @@ import re
 
 import torch
 
+import dataset
 from lstm import LSTM, LSTMConfig
 from model import GPT, GPTConfig
 
@@ -49,30 +50,7 @@ def remove_stale_tmp(path):
     """Delete the temporary files save_checkpoint(..., path) left when a process was killed
     mid-save: only names path.tmp.<pid> (our own pattern) whose process is gone. -> the removed paths."""
     folder, name = os.path.split(os.path.abspath(path))
-    pattern = re.compile(re.escape(name) + r'\.tmp\.(\d+)$')
-    removed = []
-    for f in os.listdir(folder) if os.path.isdir(folder) else []:
-        m = pattern.match(f)
-        if not m or _pid_alive(int(m.group(1))):
-            continue
-        try:
-            os.remove(os.path.join(folder, f))
-            removed.append(os.path.join(folder, f))
-        except OSError:
-            pass
-    return removed
-
-
-def _pid_alive(pid):
-    if pid == os.getpid():
-        return False  # our own leftover cannot be mid-write: we are not saving now
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return dataset.remove_stale_tmp(folder, re.escape(name) + r'\.tmp\.(\d+)')
 
 
 def upgrade_state_dict(sd, config):

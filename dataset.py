@@ -288,13 +288,15 @@ def begin_dataset(out_dir):
         print(f"note: removed {f}, left by an interrupted prepare", file=sys.stderr)
 
 
-def remove_stale_tmp(folder):
-    """Delete AtomicFile's temp files (NAME.tmp.<pid>) in folder whose process is gone: a
-    writer killed by SIGKILL runs no cleanup. A live pid's file may be mid-write: kept. -> the removed paths."""
+def remove_stale_tmp(folder, pattern=r'.+\.(?:bin|json)\.tmp\.(\d+)'):
+    """Delete the temp files in folder whose name matches pattern (its one group: the writer's
+    pid) and whose writer is gone: a writer killed by SIGKILL runs no cleanup. A live pid's file
+    may be mid-write: kept. The default pattern is what AtomicFile names ({split}.bin.tmp.<pid>,
+    ...); checkpoint.py passes its own. -> the removed paths."""
     removed = []
-    for f in sorted(os.listdir(folder)):
-        m = re.fullmatch(r'.+\.(bin|json)\.tmp\.(\d+)', f)  # only what AtomicFile names: {split}.bin.tmp.<pid>, ...
-        if not m or pid_alive(int(m.group(2))):
+    for f in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        m = re.fullmatch(pattern, f)
+        if not m or pid_alive(int(m.group(1))):
             continue
         try:
             os.remove(os.path.join(folder, f))
@@ -306,7 +308,7 @@ def remove_stale_tmp(folder):
 
 def pid_alive(pid):
     if pid == os.getpid():
-        return False  # our own leftover cannot be mid-write: begin_dataset runs before we write
+        return False  # our own leftover cannot be mid-write: a writer cleans up before it writes
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
