@@ -370,8 +370,8 @@ try:
                                  torch.tensor(stop_request.signum > 0, device=lossf.device)]).float()
             if ddp:
                 dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-            loss_bad, grad_bad, stop = flags.tolist()
-            step_loss, step_grad = torch.stack([lossf.float(), grad_norm.float()]).tolist()  # one host sync
+            # one host sync per step: the flags and this process's loss and gradient norm (the step statistics)
+            loss_bad, grad_bad, stop, step_loss, step_grad = torch.cat([flags, lossf.float().view(1), grad_norm.float().view(1)]).tolist()
             step_stats.add(step_loss, step_grad)
             if loss_bad or grad_bad:  # before optimizer.step: the weights are still the last good ones
                 divergence(' and '.join(["non-finite train loss" + ('' if ddp else f" ({lossf.item()})")] * bool(loss_bad) +
