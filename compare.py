@@ -66,18 +66,25 @@ spike = 0.25             # a spike: the mean train loss more than this (nats) ab
 # -----------------------------------------------------------------------------
 given = configure(globals(), [k for k in list(globals()) if not k.startswith('_') and k not in ('json', 'math', 'os', 'subprocess', 'sys', 'time', 'configure', 'fail', 'endpoints', 'med_range', 'rank_test')], doc=__doc__)
 
-# the contenders: same 4-layer d=64 backbone, only the recurrence differs
+# the contenders: same 4-layer d=64 backbone, only the recurrence differs.
+# T2_JACOBI: T2MLR as every table before docs/recipe.md trained it (Jacobi D=8, B=4, the recurrent
+# gate closed at init, full attention); spelled out, so that those arms keep meaning what they
+# measured now that config/t2mlr_small.py carries the recipe
+T2_JACOBI = ['config/t2mlr_small.py', '--train_mode=jacobi', '--n_iter=8', '--n_grad=4', '--attn_window=0', '--rec_gate_init=0.0']
 MODELS = {
     'plain': ['config/plain_small.py'],
-    't2mlr_full': ['config/t2mlr_small.py'],                                  # layers 0..3, Jacobi D=8 B=4
-    't2mlr_mid': ['config/t2mlr_small.py', '--rec_start=1', '--rec_end=2'],   # middle block 1..2
-    't2mlr_full_D32': ['config/t2mlr_small.py', '--n_iter=32', '--n_grad=4'],  # D >= T: exact training
+    # the recipe (docs/recipe.md): all 4 layers trained exactly (interleaved, S = T = 32, the gradient
+    # through the whole chain), g_rec = 1 at init, a 32-token window; the same run as t2mlr_full_w32_S32_gate1
+    't2mlr': ['config/t2mlr_small.py'],
+    't2mlr_full': [*T2_JACOBI],                                  # layers 0..3, Jacobi D=8 B=4
+    't2mlr_mid': [*T2_JACOBI, '--rec_start=1', '--rec_end=2'],   # middle block 1..2
+    't2mlr_full_D32': [*T2_JACOBI, '--n_iter=32', '--n_grad=4'],  # D >= T: exact training
     'lrt': ['config/lrt_small.py'],                                           # memory from layer 2, S=2
     'lrt_jacobi': ['config/lrt_small.py', '--train_mode=jacobi', '--n_iter=8', '--n_grad=4'],  # cross pairing
     # the same with a 32-token attention window in training and test, so that no
     # attention distance at test time is longer than any seen in training
     'plain_w32': ['config/plain_small.py', '--attn_window=32'],
-    't2mlr_full_w32': ['config/t2mlr_small.py', '--attn_window=32'],
+    't2mlr_full_w32': [*T2_JACOBI, '--attn_window=32'],
     'lrt_jacobi_w32': ['config/lrt_small.py', '--train_mode=jacobi', '--n_iter=8', '--n_grad=4', '--attn_window=32'],
     # LRT's own scheme with deeper chains: R rounds of the S=2 subsets train through the
     # first R*S positions exactly; S = T refines every position once, in order: exact
@@ -87,11 +94,11 @@ MODELS = {
     'lrt_S32_w32': ['config/lrt_small.py', '--n_subsets=32', '--attn_window=32'],
     # how much Jacobi depth a task needs: D in {4, 8, 16, 32 = T} with gradient through the
     # last iteration only (B=1); t2mlr_full_w32 is D=8 at B=4
-    't2mlr_w32_D4': ['config/t2mlr_small.py', '--n_iter=4', '--n_grad=1', '--attn_window=32'],
-    't2mlr_w32_D8': ['config/t2mlr_small.py', '--n_iter=8', '--n_grad=1', '--attn_window=32'],
-    't2mlr_w32_D16': ['config/t2mlr_small.py', '--n_iter=16', '--n_grad=1', '--attn_window=32'],
-    't2mlr_w32_D32': ['config/t2mlr_small.py', '--n_iter=32', '--n_grad=1', '--attn_window=32'],
-    't2mlr_w32_D4B4': ['config/t2mlr_small.py', '--n_iter=4', '--n_grad=4', '--attn_window=32'],  # B varied at D=4
+    't2mlr_w32_D4': [*T2_JACOBI, '--n_iter=4', '--n_grad=1', '--attn_window=32'],
+    't2mlr_w32_D8': [*T2_JACOBI, '--n_iter=8', '--n_grad=1', '--attn_window=32'],
+    't2mlr_w32_D16': [*T2_JACOBI, '--n_iter=16', '--n_grad=1', '--attn_window=32'],
+    't2mlr_w32_D32': [*T2_JACOBI, '--n_iter=32', '--n_grad=1', '--attn_window=32'],
+    't2mlr_w32_D4B4': [*T2_JACOBI, '--n_iter=4', '--n_grad=4', '--attn_window=32'],  # B varied at D=4
     # the recipe ablation (docs/recipe.md): one knob at a time against t2mlr_full_w32 (parity) and
     # t2mlr_w32_D32 (S3). rms1: the state's scale unclamped, R_t = m_t / rms(m_t) (RMS 1, as LRT's
     # memory); lr1e3: half the learning rate, 5% warmup; wdrec: the official 0.01 weight decay on
@@ -99,25 +106,25 @@ MODELS = {
     # official S5 recipe); B4: gradient through the last 4 iterations; noclip: no gradient clipping
     # (the global norm is mostly the scalar gate g_rec's gradient: clipping it rescales every other one);
     # gate1: g_rec = 1 at init, the recurrent path open from the start (0: the official identity init)
-    't2mlr_full_w32_rms1': ['config/t2mlr_small.py', '--attn_window=32', '--rec_scale_min=1e-3', '--rec_scale_max=1e3'],
-    't2mlr_full_w32_lr1e3': ['config/t2mlr_small.py', '--attn_window=32', '--learning_rate=1e-3', '--min_lr=1e-4',
+    't2mlr_full_w32_rms1': [*T2_JACOBI, '--attn_window=32', '--rec_scale_min=1e-3', '--rec_scale_max=1e3'],
+    't2mlr_full_w32_lr1e3': [*T2_JACOBI, '--attn_window=32', '--learning_rate=1e-3', '--min_lr=1e-4',
                              '--warmup_iters=75'],
-    't2mlr_full_w32_gate1': ['config/t2mlr_small.py', '--attn_window=32', '--rec_gate_init=1.0'],
-    't2mlr_full_w32_S32_gate1': ['config/t2mlr_small.py', '--attn_window=32', '--train_mode=interleaved',
+    't2mlr_full_w32_gate1': [*T2_JACOBI, '--attn_window=32', '--rec_gate_init=1.0'],
+    't2mlr_full_w32_S32_gate1': [*T2_JACOBI, '--attn_window=32', '--train_mode=interleaved',
                                  '--n_subsets=32', '--rec_gate_init=1.0'],
-    't2mlr_full_w32_noclip': ['config/t2mlr_small.py', '--attn_window=32', '--grad_clip=0'],
-    't2mlr_full_w32_wdrec': ['config/t2mlr_small.py', '--attn_window=32', '--rec_weight_decay=0.01'],
-    't2mlr_full_w32_detach': ['config/t2mlr_small.py', '--attn_window=32', '--rec_residual_detach=True'],
-    't2mlr_full_w32_rms1_detach': ['config/t2mlr_small.py', '--attn_window=32', '--rec_scale_min=1e-3',
+    't2mlr_full_w32_noclip': [*T2_JACOBI, '--attn_window=32', '--grad_clip=0'],
+    't2mlr_full_w32_wdrec': [*T2_JACOBI, '--attn_window=32', '--rec_weight_decay=0.01'],
+    't2mlr_full_w32_detach': [*T2_JACOBI, '--attn_window=32', '--rec_residual_detach=True'],
+    't2mlr_full_w32_rms1_detach': [*T2_JACOBI, '--attn_window=32', '--rec_scale_min=1e-3',
                                    '--rec_scale_max=1e3', '--rec_residual_detach=True'],
     # the mirror pair: the scheme apart from the architecture. T2MLR trained interleaved with S = T
     # (exact, the gradient through the whole chain, as LRT's S=32); LRT trained with Jacobi D = T, B = 1
-    't2mlr_full_w32_S32': ['config/t2mlr_small.py', '--attn_window=32', '--train_mode=interleaved', '--n_subsets=32'],
+    't2mlr_full_w32_S32': [*T2_JACOBI, '--attn_window=32', '--train_mode=interleaved', '--n_subsets=32'],
     'lrt_w32_D32': ['config/lrt_small.py', '--attn_window=32', '--train_mode=jacobi', '--n_iter=32', '--n_grad=1'],
-    't2mlr_w32_D32_rms1': ['config/t2mlr_small.py', '--n_iter=32', '--n_grad=1', '--attn_window=32',
+    't2mlr_w32_D32_rms1': [*T2_JACOBI, '--n_iter=32', '--n_grad=1', '--attn_window=32',
                            '--rec_scale_min=1e-3', '--rec_scale_max=1e3'],
-    't2mlr_w32_D32_B4': ['config/t2mlr_small.py', '--n_iter=32', '--n_grad=4', '--attn_window=32'],
-    't2mlr_w32_D32_lr1e3': ['config/t2mlr_small.py', '--n_iter=32', '--n_grad=1', '--attn_window=32',
+    't2mlr_w32_D32_B4': [*T2_JACOBI, '--n_iter=32', '--n_grad=4', '--attn_window=32'],
+    't2mlr_w32_D32_lr1e3': [*T2_JACOBI, '--n_iter=32', '--n_grad=1', '--attn_window=32',
                             '--learning_rate=1e-3', '--min_lr=1e-4', '--warmup_iters=75'],
     # the LSTM baseline (lstm.py): 4 layers, hidden 81, the parameters of the 4-layer d=64 GPT;
     # no attention, so no _w32 variant

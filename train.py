@@ -166,7 +166,7 @@ batches = Batches(data_dir, meta, block_size, device)  # batch(gen, split, B) ->
 seq_len = batches.seq_len  # token data: block_size; task data: the length of train's rows
 if is_task:  # the model's context holds the longest example
     block_size = max(block_size, max(meta['splits'][s]['len'] for s in meta['splits']))
-check_data(data_dir, dataset, meta, is_task, seq_len, n_subsets, load_split)
+check_data(data_dir, dataset, meta, is_task, seq_len, n_subsets if train_mode == 'interleaved' else 1, load_split)
 data_gen = torch.Generator().manual_seed(seed)  # the training batches' order, saved with every checkpoint
 tokens_per_iter = gradient_accumulation_steps * batch_size * seq_len
 

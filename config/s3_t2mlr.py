@@ -2,9 +2,8 @@
 # position is the running product of the permutations so far. Trained on lengths 1..32,
 # judged with the exact recurrence at 32, 48 and 64 (docs/evidence.md, S_3).
 # Data: python prepare.py s5 --group=S3
-# Jacobi with D = 32 = T (every position reads its exact state in training; the gradient through
-# the last iteration only, B = 1). Truncated Jacobi learns it too, given the same FLOPs:
-# D = 16 for 2642 steps or D = 8 for 4266 steps (docs/convergence.md, "Depth at equal compute").
+# The recipe of docs/recipe.md, as config/t2mlr_small.py: trained exactly (interleaved, S = T = 32,
+# the gradient through the whole chain) with the recurrent gate open at init (g_rec = 1).
 out_dir = 'out/s3_t2mlr'
 dataset = 's5_S3'
 n_layer = 4
@@ -15,9 +14,9 @@ attn_window = 32         # test lengths 48 and 64 see no attention distance unse
 recurrence = 't2mlr'
 rec_start = 0
 rec_end = 3
-train_mode = 'jacobi'
-n_iter = 32
-n_grad = 1
+rec_gate_init = 1.0
+train_mode = 'interleaved'
+n_subsets = 32
 batch_size = 32
 max_iters = 1500
 learning_rate = 2e-3

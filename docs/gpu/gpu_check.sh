@@ -39,7 +39,7 @@ EOF
 grep -E "^(torch|SDPA|generate|135M|Traceback|[A-Za-z]*Error)" "$L/probe.log"; echo "  'skipping cudagraphs' log lines: $(grep -c 'skipping cudagraphs' "$L/probe.log")"
 sec "2. the tests that touch CUDA paths, on the CPU as CI runs them (they pin --device=cpu)"
 timeout -k 10 120 $PY -m pytest -q -x -p no:cacheprovider tests/test_gpu_ready.py tests/test_decode.py 2>&1 | tail -3
-sec "3. t2mlr_small on cuda, bf16, torch.compile (Jacobi D=8, B=4); then torchrun x2 (NCCL) if >= 2 GPUs"
+sec "3. t2mlr_small on cuda, bf16, torch.compile (interleaved S=32); then torchrun x2 (NCCL) if >= 2 GPUs"
 $PY prepare.py s5 --group=Z2 --out_dir="$D/s5_Z2" | tail -1
 SMALL="config/t2mlr_small.py --data_root=$D --overwrite=True --device=cuda --compile=True --eval_first=False --eval_iters=2 --eval_exact_iters=1 --eval_examples=64 --log_interval=25"
 timeout -k 10 90 $PY train.py $SMALL --out_dir="$L/small" --max_iters=100 --eval_interval=100 2>&1 | grep -E "^iter|eval step|test|rror" | tail -5
