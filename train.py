@@ -117,6 +117,8 @@ beta2 = 0.95
 grad_clip = 1.0          # 0 = off
 rec_lr_mult = 1.0        # lr multiplier of the recurrence's own parameters (retrofit: 100)
 rec_weight_decay = -1.0  # weight decay of the recurrence's own matrices; -1 = weight_decay (official S5 recipe: 0.01)
+skip_spike = 0.0         # > 0: skip the update (weights and AdamW moments untouched) of a step whose gradient norm
+                         # before clipping is more than skip_spike x the median of the last 50 steps' (docs/recipe.md)
 decay_lr = True
 warmup_iters = 100
 lr_decay_iters = -1      # -1 = max_iters
@@ -296,6 +298,7 @@ def checkpoint():
                cuda=torch.cuda.get_rng_state() if device_type == 'cuda' else None)
     return dict(model=raw_model.state_dict(), model_args=asdict(raw_model.config), optimizer=optimizer.state_dict(),
                 iter_num=iter_num, best_val_loss=best_val_loss, config=config, data_gen=data_gen.get_state(),
+                recent_grad_norms=step_stats.recent,
                 rng=rng, pretrained=pretrained, data=data_fingerprint(meta), version=1)
 
 
@@ -308,7 +311,9 @@ if wandb_log and master:
 
 t0 = time.time()
 exit_code = 0
-step_stats = StepStats(grad_clip)  # loss_mean/max, jump_max, grad_norm, clip_frac per log interval
+step_stats = StepStats(grad_clip)  # loss_mean/max, jump_max, grad_norm, clip_frac, skipped per log interval
+if ckpt is not None:
+    step_stats.recent = list(ckpt.get('recent_grad_norms', []))  # the spike guard resumes exactly
 divergence = lambda what: stop_diverged(what, iter_num, master, ckpt_path, best_path)
 
 try:
@@ -365,18 +370,25 @@ try:
             # Divergence guard and stop requests, one small collective per step: [loss, grad norm,
             # signal] non-finite / set on any process -> every process stops at the same step.
             lossf = loss_sum / accum_local
+            # The largest gradient norm of all processes rides along, so that every process makes the
+            # same skip_spike decision.
             flags = torch.stack([~torch.isfinite(lossf),
                                  ~torch.isfinite(grad_norm) & (not scaler.is_enabled()),  # fp16: the scaler skips such steps
                                  torch.tensor(stop_request.signum > 0, device=lossf.device)]).float()
+            flags = torch.cat([flags, grad_norm.float().view(1)])
             if ddp:
                 dist.all_reduce(flags, op=dist.ReduceOp.MAX)
             # one host sync per step: the flags and this process's loss and gradient norm (the step statistics)
-            loss_bad, grad_bad, stop, step_loss, step_grad = torch.cat([flags, lossf.float().view(1), grad_norm.float().view(1)]).tolist()
+            loss_bad, grad_bad, stop, all_grad, step_loss, step_grad = torch.cat(
+                [flags, lossf.float().view(1), grad_norm.float().view(1)]).tolist()
             step_stats.add(step_loss, step_grad)
             if loss_bad or grad_bad:  # before optimizer.step: the weights are still the last good ones
                 divergence(' and '.join(["non-finite train loss" + ('' if ddp else f" ({lossf.item()})")] * bool(loss_bad) +
                                            [f"non-finite gradient norm ({grad_norm.item()})"] * bool(grad_bad)))
-            scaler.step(optimizer)
+            # a gradient spike (the recurrent chain's gradient exploding): clipping bounds its norm, not
+            # its direction, and AdamW would carry that direction on for ~1/(1-beta1) steps: no update
+            if not step_stats.spike(all_grad, skip_spike):
+                scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
             iter_num += 1
@@ -390,6 +402,7 @@ try:
                     mfu = flops_per_iter / dt / peak_flops if peak_flops > 0 else None
                     print(f"iter {iter_num}: loss {lossf.item():.4f} (mean {w['loss_mean']:.4f}, max {w['loss_max']:.4f}), "
                           f"grad norm {w['grad_norm']:.3g}" + (f" ({100 * w['clip_frac']:.0f}% clipped)" if grad_clip > 0 else "")
+                          + (f", {w['skipped']} skipped" if skip_spike > 0 else "")
                           + f", time {dt * 1000:.1f}ms, {tokens_per_iter / dt:,.0f} tok/s" + (f", mfu {100 * mfu:.1f}%" if mfu else ""))
                     log_json({'iter': iter_num, 'type': 'train', 'loss': lossf.item(), **w, 'lr': lr,
                               'dt_ms': dt * 1000, 'tok_per_s': tokens_per_iter / dt, 'mfu': mfu})

@@ -49,6 +49,8 @@ def check_config(c):
     for k in ('learning_rate', 'min_lr', 'max_iters', 'warmup_iters', 'grad_clip', 'weight_decay'):
         if getattr(c, k) < 0:
             fail(f"{k}={getattr(c, k)}: must be >= 0")
+    if c.skip_spike != 0 and c.skip_spike <= 1:  # <= 1 would skip about half of all steps
+        fail(f"skip_spike={c.skip_spike}: 0 (off) or a factor > 1 over the median gradient norm (e.g. 10)")
     if c.ddp_timeout <= 0:
         fail(f"ddp_timeout={c.ddp_timeout}: must be > 0 (seconds)")
     for k in ('beta1', 'beta2'):  # AdamW's own check is a traceback
@@ -218,13 +220,27 @@ class StopRequest:
 
 
 class StepStats:
+    """Per log interval: the loss's mean, largest value and largest step-to-step rise, the
+    gradient norm before clipping (mean, largest), the clipped share and the skipped steps.
+    And the spike guard's memory: the last `window` gradient norms, saved in checkpoints."""
 
-    def __init__(self, grad_clip):
-        self.grad_clip, self.losses, self.grads, self.last = grad_clip, [], [], None
+    def __init__(self, grad_clip, window=50):
+        self.grad_clip, self.losses, self.grads, self.last, self.skipped = grad_clip, [], [], None, 0
+        self.window, self.recent = window, []
 
     def add(self, loss, grad_norm):
         self.losses.append(loss)
         self.grads.append(grad_norm)
+
+    def spike(self, grad_norm, factor):
+        """True if this step's gradient norm is more than factor x the median of the last `window`
+        steps' (skipped ones included, so that a lasting rise is let through after window/2
+        steps). Never during the first `window` steps, nor with factor <= 0."""
+        recent = sorted(self.recent)
+        hit = factor > 0 and len(recent) == self.window and grad_norm > factor * recent[len(recent) // 2]
+        self.recent = (self.recent + [grad_norm])[-self.window:]
+        self.skipped += hit
+        return hit
 
     def interval(self):
         """The interval's statistics since the last call (then a new interval starts)."""
@@ -233,8 +249,8 @@ class StepStats:
         clip = self.grad_clip
         out = dict(loss_mean=sum(losses) / len(losses), loss_max=max(losses), jump_max=max(jumps, default=0.0),
                    grad_norm=sum(grads) / len(grads), grad_norm_max=max(grads),
-                   clip_frac=sum(g > clip for g in grads) / len(grads) if clip > 0 else 0.0)
-        self.losses, self.grads, self.last = [], [], losses[-1]
+                   clip_frac=sum(g > clip for g in grads) / len(grads) if clip > 0 else 0.0, skipped=self.skipped)
+        self.losses, self.grads, self.last, self.skipped = [], [], losses[-1], 0
         return out
 
 # -----------------------------------------------------------------------------
