@@ -74,10 +74,12 @@ T2_JACOBI = ['config/t2mlr_small.py', '--train_mode=jacobi', '--n_iter=8', '--n_
 MODELS = {
     'plain': ['config/plain_small.py'],
     # the recipe (docs/recipe.md): all 4 layers trained exactly (interleaved, S = T = 32, the gradient
-    # through the whole chain), g_rec = 1 at init, a 32-token window; the same run as t2mlr_full_w32_S32_gate1
+    # through the whole chain), a 32-token window (the same run as t2mlr_full_w32_S32); for S3 with the
+    # recurrent gate open at init (config/s3_t2mlr.py; the same run as t2mlr_full_w32_S32_gate1)
     't2mlr': ['config/t2mlr_small.py'],
-    # the recipe with the spike guard: a step whose gradient norm is > 10x the recent median is skipped
-    't2mlr_skip10': ['config/t2mlr_small.py', '--skip_spike=10'],
+    't2mlr_gate1': ['config/t2mlr_small.py', '--rec_gate_init=1.0'],
+    # screened: the gate open and the spike guard (a step whose gradient norm is > 10x the recent median is skipped)
+    't2mlr_skip10': ['config/t2mlr_small.py', '--rec_gate_init=1.0', '--skip_spike=10'],
     't2mlr_full': [*T2_JACOBI],                                  # layers 0..3, Jacobi D=8 B=4
     't2mlr_mid': [*T2_JACOBI, '--rec_start=1', '--rec_end=2'],   # middle block 1..2
     't2mlr_full_D32': [*T2_JACOBI, '--n_iter=32', '--n_grad=4'],  # D >= T: exact training
