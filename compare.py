@@ -124,6 +124,11 @@ MODELS = {
     # the mirror pair: the scheme apart from the architecture. T2MLR trained interleaved with S = T
     # (exact, the gradient through the whole chain, as LRT's S=32); LRT trained with Jacobi D = T, B = 1
     't2mlr_full_w32_S32': [*T2_JACOBI, '--attn_window=32', '--train_mode=interleaved', '--n_subsets=32'],
+    # the spike guard on the exact scheme: a step whose gradient norm is > 10x the median of the last 50 is skipped
+    't2mlr_full_w32_S32_skip10': [*T2_JACOBI, '--attn_window=32', '--train_mode=interleaved', '--n_subsets=32',
+                                  '--skip_spike=10'],
+    't2mlr_full_w32_S32_gate1_skip10': [*T2_JACOBI, '--attn_window=32', '--train_mode=interleaved', '--n_subsets=32',
+                                        '--rec_gate_init=1.0', '--skip_spike=10'],
     'lrt_w32_D32': ['config/lrt_small.py', '--attn_window=32', '--train_mode=jacobi', '--n_iter=32', '--n_grad=1'],
     't2mlr_w32_D32_rms1': [*T2_JACOBI, '--n_iter=32', '--n_grad=1', '--attn_window=32',
                            '--rec_scale_min=1e-3', '--rec_scale_max=1e3'],
