@@ -246,7 +246,7 @@ def test_save_fsyncs_file_and_folder(tmp_path, monkeypatch):
     (['--n_iter=0'], 'n_iter=0'),
     (['--n_iter=2', '--n_grad=3'], 'n_grad=3'),
     (['--n_subsets=0'], 'n_subsets=0'),
-    (['--n_subsets=17'], 'n_subsets=17'),
+    (['--train_mode=interleaved', '--n_subsets=17'], 'n_subsets=17'),  # rows of 16: S <= 16 (Jacobi does not read it)
     (['--eval_interval=0'], 'eval_interval=0'),
     (['--log_interval=0'], 'log_interval=0'),
     (['--eval_iters=0'], 'eval_iters=0'),
@@ -273,6 +273,13 @@ def test_bad_setting_is_one_line_before_the_model(data, tmp_path, args, msg):
     code, out, err = in_process('train.py', common(data, tmp_path / 'out', '--max_iters=2', *args), tmp_path)
     assert code == 2 and err.count('\n') == 1 and err.startswith('error:') and msg in err, err
     assert 'parameters' not in out  # the model summary line: no model was built
+
+
+def test_jacobi_ignores_n_subsets(data, tmp_path):
+    # n_subsets is read by interleaved training only: a Jacobi run with S > the row length trains
+    code, out, err = in_process('train.py', common(data, tmp_path / 'out', '--max_iters=1', '--train_mode=jacobi',
+                                                   '--n_subsets=17'), tmp_path)
+    assert code == 0 and 'iter 1:' in out, err
 
 
 @pytest.mark.parametrize('args,msg', [(['--top_k=-1'], 'top_k=-1'), (['--temperature=-0.5'], 'temperature=-0.5'),
