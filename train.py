@@ -298,8 +298,7 @@ def checkpoint():
                cuda=torch.cuda.get_rng_state() if device_type == 'cuda' else None)
     return dict(model=raw_model.state_dict(), model_args=asdict(raw_model.config), optimizer=optimizer.state_dict(),
                 iter_num=iter_num, best_val_loss=best_val_loss, config=config, data_gen=data_gen.get_state(),
-                recent_grad_norms=step_stats.recent,
-                rng=rng, pretrained=pretrained, data=data_fingerprint(meta), version=1)
+                recent_grad_norms=step_stats.recent, rng=rng, pretrained=pretrained, data=data_fingerprint(meta), version=1)
 
 
 # -----------------------------------------------------------------------------
@@ -311,9 +310,8 @@ if wandb_log and master:
 
 t0 = time.time()
 exit_code = 0
-step_stats = StepStats(grad_clip)  # loss_mean/max, jump_max, grad_norm, clip_frac, skipped per log interval
-if ckpt is not None:
-    step_stats.recent = list(ckpt.get('recent_grad_norms', []))  # the spike guard resumes exactly
+# loss_mean/max, jump_max, grad_norm, clip_frac, skipped per log interval; the spike guard resumes exactly
+step_stats = StepStats(grad_clip, recent=ckpt.get('recent_grad_norms', []) if ckpt is not None else [])
 divergence = lambda what: stop_diverged(what, iter_num, master, ckpt_path, best_path)
 
 try:
@@ -368,26 +366,23 @@ try:
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else math.inf)
             # the step's train loss: the mean over all its micro-batches (of all processes, below).
             # Divergence guard and stop requests, one small collective per step: [loss, grad norm,
-            # signal] non-finite / set on any process -> every process stops at the same step.
+            # signal] non-finite / set on any process -> every process stops at the same step. The
+            # gradient norm rides along (the largest), so every process makes the same skip_spike call.
             lossf = loss_sum / accum_local
-            # The largest gradient norm of all processes rides along, so that every process makes the
-            # same skip_spike decision.
             flags = torch.stack([~torch.isfinite(lossf),
                                  ~torch.isfinite(grad_norm) & (not scaler.is_enabled()),  # fp16: the scaler skips such steps
-                                 torch.tensor(stop_request.signum > 0, device=lossf.device)]).float()
-            flags = torch.cat([flags, grad_norm.float().view(1)])
+                                 torch.tensor(stop_request.signum > 0, device=lossf.device), grad_norm.float()]).float()
             if ddp:
                 dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-            # one host sync per step: the flags and this process's loss and gradient norm (the step statistics)
-            loss_bad, grad_bad, stop, all_grad, step_loss, step_grad = torch.cat(
-                [flags, lossf.float().view(1), grad_norm.float().view(1)]).tolist()
+            # one host sync per step: the flags, the gradient norm and this process's loss (the step statistics)
+            loss_bad, grad_bad, stop, step_grad, step_loss = torch.cat([flags, lossf.float().view(1)]).tolist()
             step_stats.add(step_loss, step_grad)
             if loss_bad or grad_bad:  # before optimizer.step: the weights are still the last good ones
                 divergence(' and '.join(["non-finite train loss" + ('' if ddp else f" ({lossf.item()})")] * bool(loss_bad) +
                                            [f"non-finite gradient norm ({grad_norm.item()})"] * bool(grad_bad)))
             # a gradient spike (the recurrent chain's gradient exploding): clipping bounds its norm, not
             # its direction, and AdamW would carry that direction on for ~1/(1-beta1) steps: no update
-            if not step_stats.spike(all_grad, skip_spike):
+            if not step_stats.spike(step_grad, skip_spike):
                 scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)

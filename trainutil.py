@@ -224,9 +224,9 @@ class StepStats:
     gradient norm before clipping (mean, largest), the clipped share and the skipped steps.
     And the spike guard's memory: the last `window` gradient norms, saved in checkpoints."""
 
-    def __init__(self, grad_clip, window=50):
+    def __init__(self, grad_clip, window=50, recent=()):
         self.grad_clip, self.losses, self.grads, self.last, self.skipped = grad_clip, [], [], None, 0
-        self.window, self.recent = window, []
+        self.window, self.recent = window, list(recent)
 
     def add(self, loss, grad_norm):
         self.losses.append(loss)
