@@ -80,6 +80,13 @@ MODELS = {
     't2mlr_gate1': ['config/t2mlr_small.py', '--rec_gate_init=1.0'],
     # screened: the gate open and the spike guard (a step whose gradient norm is > 10x the recent median is skipped)
     't2mlr_skip10': ['config/t2mlr_small.py', '--rec_gate_init=1.0', '--skip_spike=10'],
+    # screened against the exploding chain gradient (docs/recipe.md): clip: every step clipped to a norm
+    # near the typical one, so a burst step weighs in AdamW's moments no more than a normal one;
+    # detach: no gradient through R_{t-1} in m_t = h_t + R_{t-1} (the official S5 recipe), which cuts
+    # the chain's identity path; lr1e3: half the learning rate, 5% warmup
+    't2mlr_clip01': ['config/t2mlr_small.py', '--grad_clip=0.1'],
+    't2mlr_detach': ['config/t2mlr_small.py', '--rec_residual_detach=True'],
+    't2mlr_lr1e3': ['config/t2mlr_small.py', '--learning_rate=1e-3', '--min_lr=1e-4', '--warmup_iters=75'],
     't2mlr_full': [*T2_JACOBI],                                  # layers 0..3, Jacobi D=8 B=4
     't2mlr_mid': [*T2_JACOBI, '--rec_start=1', '--rec_end=2'],   # middle block 1..2
     't2mlr_full_D32': [*T2_JACOBI, '--n_iter=32', '--n_grad=4'],  # D >= T: exact training
