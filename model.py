@@ -652,16 +652,17 @@ class GPT(nn.Module):
     def new_cache(self, B, max_len):  # generate's KV cache (engine.py keeps one per shape (B, max_len))
         return KVCache(self.config.n_layer, max_len)
 
-    def param_groups(self, weight_decay, rec_lr_mult=1.0, rec_weight_decay=None):
+    def param_groups(self, weight_decay, rec_lr_mult=1.0, rec_weight_decay=None, gate_lr_mult=1.0):
         """AdamW groups: decay on matrices (dim >= 2) only. The recurrence's own parameters get
-        lr_mult = rec_lr_mult (the retrofit recipe: 100; train.py sets lr = base_lr * lr_mult) and
-        their matrices rec_weight_decay (None: weight_decay; the official S5 recipe: 0.01)."""
+        lr_mult = rec_lr_mult (the retrofit recipe: 100; train.py sets lr = base_lr * lr_mult), T2MLR's
+        scalar gates g_cur, g_rec that times gate_lr_mult (docs/recipe.md: Adam moves a small scalar by
+        a large fraction a step), and the matrices rec_weight_decay (None: weight_decay; official S5: 0.01)."""
         groups = {}
         for name, p in self.named_parameters():
             if not p.requires_grad:
                 continue
             rec = self.is_rec_param(name)
-            mult = rec_lr_mult if rec else 1.0
+            mult = (rec_lr_mult if rec else 1.0) * (gate_lr_mult if p.dim() == 0 else 1.0)
             wd = 0.0 if p.dim() < 2 else rec_weight_decay if rec and rec_weight_decay is not None else weight_decay
             g = groups.setdefault((p.dim() >= 2, wd, mult), dict(params=[], weight_decay=wd, lr_mult=mult))
             g['params'].append(p)

@@ -112,11 +112,11 @@ recompute = False        # activation checkpointing: the passes that keep a grap
 learning_rate = 1e-3
 max_iters = 2000
 weight_decay = 0.1
-beta1 = 0.9
-beta2 = 0.95
+beta1, beta2 = 0.9, 0.95
 grad_clip = 1.0          # 0 = off
 rec_lr_mult = 1.0        # lr multiplier of the recurrence's own parameters (retrofit: 100)
 rec_weight_decay = -1.0  # weight decay of the recurrence's own matrices; -1 = weight_decay (official S5 recipe: 0.01)
+gate_lr_mult = 1.0       # T2MLR: lr multiplier of the scalar gates g_cur, g_rec, on top of rec_lr_mult (docs/recipe.md)
 skip_spike = 0.0         # > 0: skip the update (weights and AdamW moments untouched) of a step whose gradient norm
                          # before clipping is more than skip_spike x the median of the last 50 steps' (docs/recipe.md)
 decay_lr = True
@@ -197,7 +197,7 @@ model.to(device)
 raw_model = model  # unwrapped and uncompiled: eval, generation and checkpoints use it
 recurrent = raw_model.config.recurrence != 'none'
 exact_engine = Engine(raw_model) if compile and recurrent else None  # compiled exact eval
-groups = raw_model.param_groups(weight_decay, rec_lr_mult, None if rec_weight_decay < 0 else rec_weight_decay)
+groups = raw_model.param_groups(weight_decay, rec_lr_mult, None if rec_weight_decay < 0 else rec_weight_decay, gate_lr_mult)
 fused = device_type == 'cuda'
 optimizer = torch.optim.AdamW(groups, lr=learning_rate, betas=(beta1, beta2), fused=fused)
 if ckpt is not None:

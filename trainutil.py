@@ -58,6 +58,8 @@ def check_config(c):
             fail(f"{k}={getattr(c, k)}: must be in [0, 1)")
     if c.rec_lr_mult < 0:  # a negative multiplier is gradient ascent on the recurrence
         fail(f"rec_lr_mult={c.rec_lr_mult}: must be >= 0 (0 freezes the recurrence's own parameters)")
+    if c.gate_lr_mult < 0:
+        fail(f"gate_lr_mult={c.gate_lr_mult}: must be >= 0 (0 freezes T2MLR's scalar gates)")
     if c.rec_gate_gain < 0:
         fail(f"rec_gate_gain={c.rec_gate_gain}: must be >= 0 (0 = auto: 1.0 from scratch, 1e-2 retrofit)")
     if c.device.startswith('cuda') and not torch.cuda.is_available():
