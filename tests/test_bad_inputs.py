@@ -139,6 +139,7 @@ def test_disk_size_is_arithmetic(tmp_path, monkeypatch):
     (['--beta2=-0.5'], ['beta2=-0.5']),
     (['--rec_gate_gain=-1'], ['rec_gate_gain=-1.0', '>= 0']),
     (['--rec_lr_mult=-1'], ['rec_lr_mult=-1.0', '>= 0']),
+    (['--gate_lr_mult=-1'], ['gate_lr_mult=-1.0', '>= 0']),
     (['--vocab_pad=1e9'], ['vocab_pad=1000000000', '1..4096']),
     (['--norm_eps=-1'], ['norm_eps=-1.0', '> 0']),  # once a divergence blamed on the learning rate
     (['--rope_theta=0'], ['rope_theta=0.0', '> 0']),

@@ -209,6 +209,9 @@ def test_smollm2_shape_and_param_groups():
     by = {(g['weight_decay'] > 0, g['lr_mult']): sum(p.numel() for p in g['params']) for g in groups}
     assert by[(True, 100.0)] == 5 * d * d and by[(False, 100.0)] == 2 * d + 2
     assert all(p.dim() >= 2 for g in groups if g['weight_decay'] > 0 for p in g['params'])
+    groups = m.param_groups(weight_decay=0.1, rec_lr_mult=100.0, gate_lr_mult=0.1)  # the scalar gates apart
+    by = {(g['weight_decay'] > 0, g['lr_mult']): sum(p.numel() for p in g['params']) for g in groups}
+    assert by[(True, 100.0)] == 5 * d * d and by[(False, 100.0)] == 2 * d and by[(False, 10.0)] == 2
     from flops import flops_per_token, rec_flops
     assert flops_per_token(c, 512, 'jacobi', 16, 4) > flops_per_token(c, 512, 'plain') * 1.5
     assert rec_flops(c) == 2 * 5 * d * d
