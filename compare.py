@@ -70,20 +70,21 @@ given = configure(globals(), [k for k in list(globals()) if not k.startswith('_'
 # T2_JACOBI: T2MLR as every table before docs/recipe.md trained it (Jacobi D=8, B=4, the recurrent
 # gate closed at init, full attention); spelled out, so that those arms keep meaning what they
 # measured now that config/t2mlr_small.py carries the recipe
-T2_JACOBI = ['config/t2mlr_small.py', '--train_mode=jacobi', '--n_iter=8', '--n_grad=4', '--attn_window=0', '--rec_gate_init=0.0']
+T2_JACOBI = ['config/t2mlr_small.py', '--train_mode=jacobi', '--n_iter=8', '--n_grad=4', '--attn_window=0', '--rec_gate_init=0.0',
+             '--gate_lr_mult=1.0']
 MODELS = {
     'plain': ['config/plain_small.py'],
     # the recipe (docs/recipe.md): all 4 layers trained exactly (interleaved, S = T = 32, the gradient
-    # through the whole chain), a 32-token window (the same run as t2mlr_full_w32_S32); for S3 with the
-    # recurrent gate open at init (config/s3_t2mlr.py; the same run as t2mlr_full_w32_S32_gate1)
+    # through the whole chain), a 32-token window, the scalar gates at a tenth of the learning rate
+    # (the same run as t2mlr_glr01); for S3 the recurrent gate open at init instead (config/s3_t2mlr.py;
+    # the same run as t2mlr_full_w32_S32_gate1)
     't2mlr': ['config/t2mlr_small.py'],
-    't2mlr_gate1': ['config/t2mlr_small.py', '--rec_gate_init=1.0'],
+    't2mlr_gate1': ['config/t2mlr_small.py', '--rec_gate_init=1.0', '--gate_lr_mult=1.0'],
     # screened: the gate open and the spike guard (a step whose gradient norm is > 10x the recent median is skipped)
-    't2mlr_skip10': ['config/t2mlr_small.py', '--rec_gate_init=1.0', '--skip_spike=10'],
-    # screened against the bursts of exploding gradient (docs/recipe.md), which land on the scalar gate g_rec:
-    # glr01: the scalar gates at a tenth of the learning rate; lr1e3: half the learning rate, 5% warmup
+    't2mlr_skip10': ['config/t2mlr_small.py', '--rec_gate_init=1.0', '--skip_spike=10', '--gate_lr_mult=1.0'],
+    # against the bursts of gradient, which land on the scalar gate g_rec (docs/recipe.md): the scalar
+    # gates at a tenth of the learning rate, on the exact scheme (t2mlr_full_w32_S32)
     't2mlr_glr01': ['config/t2mlr_small.py', '--gate_lr_mult=0.1'],
-    't2mlr_lr1e3': ['config/t2mlr_small.py', '--learning_rate=1e-3', '--min_lr=1e-4', '--warmup_iters=75'],
     't2mlr_full': [*T2_JACOBI],                                  # layers 0..3, Jacobi D=8 B=4
     't2mlr_mid': [*T2_JACOBI, '--rec_start=1', '--rec_end=2'],   # middle block 1..2
     't2mlr_full_D32': [*T2_JACOBI, '--n_iter=32', '--n_grad=4'],  # D >= T: exact training

@@ -4,6 +4,8 @@
 # - trained exactly: interleaved with S = T = 32 subsets, so every position reads its true state and
 #   the gradient runs through the whole chain (Jacobi with D = 8 < T trains on wrong states);
 # - the recurrent gate closed at init (g_rec = 0, the official identity init); config/s3_t2mlr.py opens it;
+# - the scalar gates g_cur, g_rec at a tenth of the learning rate: the trained model carries its state
+#   through a small g_rec, and a burst of gradient would move it by a large fraction of its value;
 # - a 32-token attention window, so that test lengths 48 and 64 see no distance unseen in training.
 out_dir = 'out/t2mlr_small'
 dataset = 's5_Z2'
@@ -20,6 +22,7 @@ n_subsets = 32
 batch_size = 32
 max_iters = 1500
 learning_rate = 2e-3
+gate_lr_mult = 0.1
 min_lr = 2e-4
 warmup_iters = 50
 eval_interval = 500
