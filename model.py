@@ -664,7 +664,7 @@ class GPT(nn.Module):
             rec = self.is_rec_param(name)
             mult = (rec_lr_mult if rec else 1.0) * (gate_lr_mult if p.dim() == 0 else 1.0)
             wd = 0.0 if p.dim() < 2 else rec_weight_decay if rec and rec_weight_decay is not None else weight_decay
-            g = groups.setdefault((p.dim() >= 2, wd, mult), dict(params=[], weight_decay=wd, lr_mult=mult))
+            g = groups.setdefault((p.dim(), wd, mult), dict(params=[], weight_decay=wd, lr_mult=mult))  # by kind: resumable
             g['params'].append(p)
         return list(groups.values())
 

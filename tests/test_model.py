@@ -205,13 +205,18 @@ def test_smollm2_shape_and_param_groups():
     assert plain == 134_515_008  # SmolLM2-135M's parameter count
     d = c.n_embd
     assert extra == 5 * d * d + 2 * d + 2  # W_rec, f_cur, f_rec (+ biases) and two scalar gates
+    def by(groups):  # (decayed, lr_mult) -> parameters
+        out = {}
+        for g in groups:
+            k = (g['weight_decay'] > 0, g['lr_mult'])
+            out[k] = out.get(k, 0) + sum(p.numel() for p in g['params'])
+        return out
     groups = m.param_groups(weight_decay=0.1, rec_lr_mult=100.0)
-    by = {(g['weight_decay'] > 0, g['lr_mult']): sum(p.numel() for p in g['params']) for g in groups}
-    assert by[(True, 100.0)] == 5 * d * d and by[(False, 100.0)] == 2 * d + 2
+    assert by(groups)[(True, 100.0)] == 5 * d * d and by(groups)[(False, 100.0)] == 2 * d + 2
     assert all(p.dim() >= 2 for g in groups if g['weight_decay'] > 0 for p in g['params'])
-    groups = m.param_groups(weight_decay=0.1, rec_lr_mult=100.0, gate_lr_mult=0.1)  # the scalar gates apart
-    by = {(g['weight_decay'] > 0, g['lr_mult']): sum(p.numel() for p in g['params']) for g in groups}
-    assert by[(True, 100.0)] == 5 * d * d and by[(False, 100.0)] == 2 * d and by[(False, 10.0)] == 2
+    gated = m.param_groups(weight_decay=0.1, rec_lr_mult=100.0, gate_lr_mult=0.1)  # the scalar gates apart
+    assert by(gated)[(True, 100.0)] == 5 * d * d and by(gated)[(False, 100.0)] == 2 * d and by(gated)[(False, 10.0)] == 2
+    assert len(gated) == len(groups)  # the groups by kind, whatever the multipliers: a run resumes with others
     from flops import flops_per_token, rec_flops
     assert flops_per_token(c, 512, 'jacobi', 16, 4) > flops_per_token(c, 512, 'plain') * 1.5
     assert rec_flops(c) == 2 * 5 * d * d
