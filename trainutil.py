@@ -46,7 +46,7 @@ def check_config(c):
               'eval_iters', 'eval_exact_iters', 'eval_examples', 'eval_batch_size'):
         if getattr(c, k) < 1:
             fail(f"{k}={getattr(c, k)}: must be >= 1")
-    for k in ('learning_rate', 'min_lr', 'max_iters', 'warmup_iters', 'grad_clip', 'weight_decay'):
+    for k in ('learning_rate', 'min_lr', 'max_iters', 'warmup_iters', 'grad_clip', 'weight_decay', 'gate_lr_mult'):
         if getattr(c, k) < 0:
             fail(f"{k}={getattr(c, k)}: must be >= 0")
     if c.skip_spike != 0 and c.skip_spike <= 1:  # <= 1 would skip about half of all steps
@@ -58,8 +58,6 @@ def check_config(c):
             fail(f"{k}={getattr(c, k)}: must be in [0, 1)")
     if c.rec_lr_mult < 0:  # a negative multiplier is gradient ascent on the recurrence
         fail(f"rec_lr_mult={c.rec_lr_mult}: must be >= 0 (0 freezes the recurrence's own parameters)")
-    if c.gate_lr_mult < 0:
-        fail(f"gate_lr_mult={c.gate_lr_mult}: must be >= 0 (0 freezes T2MLR's scalar gates)")
     if c.rec_gate_gain < 0:
         fail(f"rec_gate_gain={c.rec_gate_gain}: must be >= 0 (0 = auto: 1.0 from scratch, 1e-2 retrofit)")
     if c.device.startswith('cuda') and not torch.cuda.is_available():

@@ -9,7 +9,7 @@ fixed weights:
   2. the exact validation loss with the scalar gates g_rec and g_cur shifted by a few hundredths:
      how far an optimizer step on g_rec may go before the model breaks.
 
-$ python tools/chain_bursts.py out/recipe_Z2/t2mlr_s9/best.pt out/recipe_Z2/t2mlr_s7/ckpt.pt [--batches=100]
+$ python tools/chain_bursts.py out/recipe_Z2/t2mlr_full_w32_S32_s9/best.pt [more checkpoints] [--batches=100]
 """
 
 import os
