@@ -63,6 +63,7 @@ target = 0.9             # tasks: the table counts the seeds whose exact match a
 escape_loss = 0.0        # tasks: a run leaves the plateau at the first logged step whose mean train loss is below
                          # this; 0 = by dataset (parity 0.2, S3 0.5, else 0.3 ln V: about a third of chance)
 spike = 0.25             # a spike: the mean train loss more than this (nats) above its running minimum after the escape
+test_windows = 0         # language modelling: score the first so many test windows (0 = the whole test split)
 # -----------------------------------------------------------------------------
 given = configure(globals(), [k for k in list(globals()) if not k.startswith('_') and k not in ('json', 'math', 'os', 'subprocess', 'sys', 'time', 'configure', 'fail', 'endpoints', 'med_range', 'rank_test')], doc=__doc__)
 
@@ -148,6 +149,29 @@ MODELS = {
     'stdlib_t2mlr': ['config/stdlib_t2mlr.py'],
     'stdlib_lrt': ['config/stdlib_lrt.py'],
 }
+# the papers' ablations in miniature (docs/ablations.md): stdlib_char at 6 layers, so that "middle"
+# and "mid-upper" mean something, context 128 and 500 steps, so that a run is minutes of one core
+AB6 = ['config/stdlib_plain.py', '--n_layer=6', '--block_size=128', '--max_iters=500', '--warmup_iters=50',
+       '--eval_interval=250', '--eval_exact_iters=2']
+T2_AB6 = [*AB6, '--recurrence=t2mlr', '--train_mode=jacobi', '--n_iter=4', '--n_grad=2']  # stdlib_t2mlr.py's scheme
+LRT_AB6 = [*AB6, '--recurrence=lrt', '--rec_start=0', '--train_mode=interleaved', '--n_subsets=2']  # stdlib_lrt.py's
+MODELS.update({
+    'ab6_plain': AB6,
+    'ab6_t2mlr_mid': [*T2_AB6, '--rec_start=2', '--rec_end=3'],   # blocks 2..3 of 0..5: a third, the middle
+    'ab6_t2mlr_full': [*T2_AB6, '--rec_start=0', '--rec_end=5'],  # every block
+    'ab6_t2mlr_one': [*T2_AB6, '--rec_start=2', '--rec_end=2'],   # one middle block
+    'ab6_lrt': [*LRT_AB6, '--rec_end=3'],                         # source: block 3 of 0..5 (mid-upper, the paper's 12 of 20)
+    'ab6_lrt_last': [*LRT_AB6, '--rec_end=5'],                    # source: the last block
+    'ab6_lrt_low': [*LRT_AB6, '--rec_end=1'],                     # source: block 1
+    'ab6_lrt_kv': [*LRT_AB6, '--rec_end=3', '--lrt_inject=kv'],   # injection: keys/values only
+    'ab6_lrt_res': [*LRT_AB6, '--rec_end=3', '--lrt_inject=residual'],  # injection: residual only
+    'ab6_lrt_block': [*LRT_AB6, '--rec_end=3', '--train_mode=block', '--block_len=16'],  # block training, 8 chunks
+    'ab6_lrt_exact': [*LRT_AB6, '--rec_end=3', '--train_mode=block', '--block_len=1'],   # C = 1: exact training
+    # the control: LRT's modules with the memory always zero (one chunk of the whole row): its KV
+    # gates are gated attention and its alpha_i layer scaling, the paper's generic additions;
+    # judged by its zero-state bits (its exact column reads a memory it never trained on)
+    'ab6_lrt_nomem': [*LRT_AB6, '--rec_end=3', '--train_mode=block', '--block_len=128'],
+})
 here = os.path.dirname(os.path.abspath(__file__))
 rd = results_dir or out_dir
 names = models.split(',')
@@ -442,15 +466,17 @@ def text_report(results):
         for r in results[name]:
             run_dir = os.path.join(out_dir, f"{name}_s{r['seed']}")
             path = os.path.join(run_dir, 'test_eval.json')
-            if not os.path.isfile(path):  # once per run: the exact recurrence over 0.5M tokens takes minutes
+            done = os.path.isfile(path) and json.load(open(path)).get('windows', 0) == test_windows
+            if not done:  # once per run (and test_windows): the exact recurrence over 0.5M tokens takes minutes
                 model, ck = load_checkpoint(os.path.join(run_dir, 'ckpt.pt'))
                 cfg, bits = ck['config'], {}
                 scheme = {k: cfg.get(k, 1) for k in ('n_iter', 'n_grad', 'n_subsets', 'n_rounds', 'block_len')}
                 for tag, mode in eval_modes(cfg['train_mode'], model.config.recurrence != 'none'):
-                    bits[tag] = corpus_loss(model.eval(), test, cfg['block_size'], mode, **scheme)[0] / ln2
+                    bits[tag] = corpus_loss(model.eval(), test, cfg['block_size'], mode, max_windows=test_windows,
+                                            **scheme)[0] / ln2
                     print(f"{name} seed {r['seed']}: test {bits[tag]:.4f} bits per character ({tag})", flush=True)
                 tokens = cfg['batch_size'] * cfg['block_size'] * cfg['gradient_accumulation_steps']
-                json.dump(dict(bits=bits, steps=ck['iter_num'], tokens_per_step=tokens), open(path, 'w'))
+                json.dump(dict(bits=bits, steps=ck['iter_num'], tokens_per_step=tokens, windows=test_windows), open(path, 'w'))
             r['test'] = json.load(open(path))
     rows, plain_spread = [], None
     for name in names:
@@ -459,7 +485,7 @@ def text_report(results):
         fl = flops_of(name)
         row = dict(model=name, steps=rs[0]['test']['steps'], bpc_exact=bpc, flops_per_token=fl,
                    train_pflops=fl * rs[0]['test']['steps'] * rs[0]['test']['tokens_per_step'] / 1e15,
-                   ms_per_step=med_range([r['curve']['ms_per_step'] for r in rs]))
+                   ms_per_step=med_range([r['curve']['ms_per_step'] or math.nan for r in rs]))  # nan: none logged
         if 'zero' in rs[0]['test']['bits']:
             row['bpc_approx'] = med_range([r['test']['bits']['approx'] for r in rs])
             row['reliance'] = med_range([r['test']['bits']['zero'] - r['test']['bits']['exact'] for r in rs])
@@ -475,8 +501,9 @@ def text_report(results):
                                         fmt(r['bpc_approx'], 3) if 'bpc_approx' in r else '-',
                                         fmt(r['reliance'], 3) if 'reliance' in r else '-', f"{r['ms_per_step'][0]:.0f}",
                                         f"{r['flops_per_token'] / base:.2f}", f"{r['train_pflops']:.3f}"]) + ' |')
-    note = (f"\n\n{dataset}: the {len(test):,} tokens of the held-out test files read whole in windows of the "
-            f"training length; seeds {seeds}: median [min, max]. The plain model's seed spread (the noise floor): "
+    read = (f"the first {test_windows:,} windows of the training length of the held-out test files" if test_windows
+            else f"the {len(test):,} tokens of the held-out test files read whole in windows of the training length")
+    note = (f"\n\n{dataset}: {read}; seeds {seeds}: median [min, max]. The plain model's seed spread (the noise floor): "
             f"{plain_spread if plain_spread is not None else float('nan'):.3f} bits. A@B: A trained for B's FLOPs. "
             f"ms/step: the median logged step (evaluation excluded), on a shared 2-core machine. {provenance()}.\n")
     os.makedirs(rd, exist_ok=True)
