@@ -127,3 +127,9 @@ def test_compare_text(tmp_path):
     assert set(lrt) == {'exact', 'approx', 'zero'} and all(2 < v < 10 for v in lrt.values())
     assert 'reliance' in rows['stdlib_lrt'] and 'reliance' not in rows['stdlib_plain']
     assert 'noise floor' in open(tmp_path / 'cmp' / 'text.md').read()
+    # test_windows: the same runs (not retrained) scored on the first windows only, recomputed once
+    p = subprocess.run(cmd + ['--test_windows=3'], capture_output=True, text=True, timeout=600, env=ENV)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert 'iter ' not in p.stdout and 'first 3 windows' in open(tmp_path / 'cmp' / 'text.md').read()
+    part = json.load(open(tmp_path / 'cmp' / 'text.json'))['runs']['stdlib_lrt'][0]['test']
+    assert part['windows'] == 3 and part['bits']['exact'] != lrt['exact']

@@ -127,6 +127,18 @@ def test_block_matches_naive_scheme(kw, C):
     assert (logits - m(idx, mode='exact')[0]).abs().max() > 1e-6
 
 
+@pytest.mark.parametrize('kw', SCHEME_STYLES, ids=SCHEME_IDS)
+def test_block_of_the_whole_row_reads_zero(kw):
+    # one chunk of T tokens: no position reads a state (compare.py's ab6_lrt_nomem control), so
+    # block training is the zero-state forward, and the modules without the memory remain
+    m = make(reset_token=0, **kw)
+    idx = doc_tokens()
+    logits = m(idx, mode='block', block_len=idx.size(1))[0]
+    torch.testing.assert_close(logits, naive_block(m, idx, idx.size(1)), **TOL)
+    torch.testing.assert_close(logits, m(idx, mode='zero')[0], **TOL)
+    assert (logits - m(idx, mode='exact')[0]).abs().max() > 1e-6
+
+
 @pytest.mark.parametrize('kw', [STYLES[0], STYLES[3]], ids=['t2mlr', 'lrt'])
 def test_block_gradients_match_naive_block(kw):
     # the state carries gradient across chunk boundaries, and so do the cached keys/values
