@@ -144,6 +144,9 @@ MODELS = {
     # the LSTM baseline (lstm.py): 4 layers, hidden 81, the parameters of the 4-layer d=64 GPT;
     # no attention, so no _w32 variant
     'lstm': ['config/s3_lstm.py'],
+    # the lookup control (prepare.py assoc): its dictionary opens the row, so the S_3 recipes without the window
+    's3_t2mlr_w0': ['config/s3_t2mlr.py', '--attn_window=0'],
+    'lrt_S32': ['config/lrt_small.py', '--n_subsets=32'],
     # language modelling on prepare.py stdlib_char: the same backbone, three models (docs/text.md)
     'stdlib_plain': ['config/stdlib_plain.py'],
     'stdlib_t2mlr': ['config/stdlib_t2mlr.py'],
