@@ -36,6 +36,7 @@ at the training length with the exact recurrence and with the state forced to ze
 every position (model.py's mode='zero'), and redraws gates.png from the logs.
 """
 
+import ast
 import json
 import math
 import os
@@ -65,7 +66,7 @@ escape_loss = 0.0        # tasks: a run leaves the plateau at the first logged s
 spike = 0.25             # a spike: the mean train loss more than this (nats) above its running minimum after the escape
 test_windows = 0         # language modelling: score the first so many test windows (0 = the whole test split)
 # -----------------------------------------------------------------------------
-given = configure(globals(), [k for k in list(globals()) if not k.startswith('_') and k not in ('json', 'math', 'os', 'subprocess', 'sys', 'time', 'configure', 'fail', 'endpoints', 'med_range', 'rank_test')], doc=__doc__)
+given = configure(globals(), [k for k in list(globals()) if not k.startswith('_') and k not in ('ast', 'json', 'math', 'os', 'subprocess', 'sys', 'time', 'configure', 'fail', 'endpoints', 'med_range', 'rank_test')], doc=__doc__)
 
 # the contenders: same 4-layer d=64 backbone, only the recurrence differs.
 # T2_JACOBI: T2MLR as every table before docs/recipe.md trained it (Jacobi D=8, B=4, the recurrent
@@ -206,11 +207,22 @@ def final_eval(run_dir, steps):
     return evals[-1] if evals and evals[-1]['iter'] == steps else None
 
 
+def literal(v):
+    """A --key=value's value as train.py's configurator reads it: a Python literal, else the string."""
+    try:
+        return ast.literal_eval(v)
+    except (ValueError, SyntaxError):
+        return v
+
+
 def config_value(name, key, default):
-    """A key's value in model name's config file (the last assignment), else default."""
+    """A key's value for model name as train.py will see it: its config file's last assignment, or
+    the arm's own --key=value after it, else default."""
     for arg in MODELS[name.split('@')[0]]:
         if arg.endswith('.py'):
             default = read_config(os.path.join(here, arg)).get(key, default)
+        elif arg.startswith(f'--{key}='):
+            default = literal(arg.split('=', 1)[1])
     return default
 
 
