@@ -1,8 +1,9 @@
-"""tools/chain_bursts.py on a tiny checkpoint and dataset made here: it runs, its unshifted
+"""tools/pairs.py on a made-up text.json; tools/chain_bursts.py on a tiny checkpoint and dataset made here: it runs, its unshifted
 loss is the model's own exact loss on the same rows, it shifts g_rec back after measuring, and
 a non-T2MLR checkpoint is a one-line error."""
 
 import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -52,3 +53,21 @@ def test_chain_bursts_rejects_lrt(tmp_path):
     _, path = make(tmp_path, 'lrt')
     r = subprocess.run([sys.executable, TOOL, path, '--batches=1'], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "'lrt' model" in r.stderr and 'Traceback' not in r.stderr
+
+
+def test_pairs(tmp_path):
+    # tools/pairs.py: medians and the rank test of two arms from a text.json; /zero picks the mode;
+    # an unknown arm or mode is a one-line error
+    runs = {'a': [{'test': {'bits': {'exact': 2.0 + s, 'zero': 1.0 + s}}} for s in (0.01, 0.02, 0.03)],
+            'b': [{'test': {'bits': {'exact': 3.0 + s}}} for s in (0.01, 0.02, 0.03)]}
+    path = tmp_path / 'text.json'
+    path.write_text(json.dumps({'runs': runs}))
+    tool = os.path.join(REPO, 'tools', 'pairs.py')
+    r = subprocess.run([sys.executable, tool, str(path), 'a:b', 'a/zero:a'], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    rows = [l for l in r.stdout.splitlines() if l.startswith('| a')]
+    assert '2.020 [2.010, 2.030]' in rows[0] and '-1.000' in rows[0] and rows[0].endswith('| 0.10 |')
+    assert '1.020 [1.010, 1.030]' in rows[1] and rows[1].endswith('| 0.10 |')
+    for bad, msg in [('a:c', "no model 'c'"), ('b/zero:a', "no 'zero' bits"), ('ab', 'expected A:B')]:
+        r = subprocess.run([sys.executable, tool, str(path), bad], capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and msg in r.stderr and 'Traceback' not in r.stderr

@@ -1,0 +1,48 @@
+"""
+Rank tests between arms of a language-modelling comparison: compare.py writes text.json (every
+run's test bits per character under each mode); this prints, per pair of arms, the median
+[min, max] of each and the two-sided exact Mann-Whitney p (stats.rank_test) on those bits.
+
+$ python tools/pairs.py docs/ablations/stdlib6/text.json ab6_t2mlr_mid:ab6_t2mlr_full ab6_lrt_nomem/zero:ab6_plain
+
+An arm is a model name, optionally /mode (exact, approx or zero; default exact): the control
+ab6_lrt_nomem is judged by its zero-state bits, the memory it was trained with.
+"""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from stats import med_range, rank_test  # noqa: E402
+
+
+def bits(runs, arm):
+    """The test bits per character of every seed of arm ('name' or 'name/mode')."""
+    name, _, mode = arm.partition('/')
+    if name not in runs:
+        sys.exit(f"no model {name!r} in this file; it has {', '.join(runs)}")
+    got = [r['test']['bits'].get(mode or 'exact') for r in runs[name]]
+    if None in got:
+        sys.exit(f"{name} has no {mode!r} bits; it has {', '.join(runs[name][0]['test']['bits'])}")
+    return got
+
+
+def main(path, pairs):
+    runs = json.load(open(path))['runs']
+    print('| A | B | A: bits/char | B: bits/char | A - B (medians) | p (rank test) |')
+    print('|---|---|---|---|---|---|')
+    for pair in pairs:
+        if ':' not in pair:
+            sys.exit(f"{pair!r}: expected A:B, e.g. ab6_t2mlr_mid:ab6_t2mlr_full")
+        a, b = pair.split(':')
+        xa, xb = bits(runs, a), bits(runs, b)
+        ma, mb = med_range(xa), med_range(xb)
+        print(f"| {a} | {b} | {ma[0]:.3f} [{ma[1]:.3f}, {ma[2]:.3f}] | {mb[0]:.3f} [{mb[1]:.3f}, {mb[2]:.3f}] "
+              f"| {ma[0] - mb[0]:+.3f} | {rank_test(xa, xb):.2f} |")
+
+
+if __name__ == '__main__':
+    if len(sys.argv) < 3 or sys.argv[1] in ('-h', '--help'):
+        sys.exit(__doc__)
+    main(sys.argv[1], sys.argv[2:])
