@@ -1,6 +1,6 @@
-"""tools/pairs.py on a made-up text.json; tools/chain_bursts.py on a tiny checkpoint and dataset made here: it runs, its unshifted
+"""tools/chain_bursts.py on a tiny checkpoint and dataset made here: it runs, its unshifted
 loss is the model's own exact loss on the same rows, it shifts g_rec back after measuring, and
-a non-T2MLR checkpoint is a one-line error."""
+a non-T2MLR checkpoint is a one-line error. tools/pairs.py on a made-up text.json."""
 
 import dataclasses
 import json
