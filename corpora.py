@@ -63,7 +63,9 @@ def encoded_docs(texts, spec, num_proc):
             yield from _encode_batch(batch)
         return
     import multiprocessing as mp
-    with mp.Pool(num_proc, initializer=_init_encoder, initargs=(spec,)) as pool:  # terminated on early exit
+    # spawn, not fork: a fork copies whatever lock another thread of this process holds (torch's,
+    # a download's), and a worker that needs it waits forever (seen once in the test suite)
+    with mp.get_context('spawn').Pool(num_proc, initializer=_init_encoder, initargs=(spec,)) as pool:  # terminated on early exit
         for out in pool.imap(_encode_batch, batches):
             yield from out
 

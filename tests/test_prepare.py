@@ -307,6 +307,15 @@ def test_text_char_end_to_end(tmp_path):
         encode('Zebra')
 
 
+def test_text_num_proc(tmp_path):
+    # the tokenizer pool (spawned workers) writes the same bytes as one process
+    src = tmp_path / 'story.txt'
+    src.write_text('\n\n'.join(PARAS * 20) + '\n', encoding='utf-8')
+    outs = [make(tmp_path, 'text', f'--input={src}', f'--num_proc={n}', f'--cache_dir={tmp_path}/hf', name=f'p{n}')
+            for n in (1, 2)]
+    assert files_of(outs[0]) == files_of(outs[1]) and load_meta(outs[0])['splits']['train']['n'] > 0
+
+
 def test_text_folder_documents(tmp_path):
     os.makedirs(tmp_path / 'docs' / 'sub')
     texts = {}
@@ -336,7 +345,8 @@ class FakeGPT2:
 def test_hub_pipeline_with_fakes(tmp_path, monkeypatch):
     """The tinystories/fineweb path without network: fake tokenizer and fake Hub splits.
     Checks <|endoftext|> PRECEDES every document, the own val split, --max_tokens,
-    and that num_proc=2 (and small shards) writes the same bytes as num_proc=1."""
+    and that small shards write the same bytes as one. (num_proc=2 is test_text_num_proc: its
+    workers are spawned, and a fresh process does not see these fakes.)"""
     import datasets
     monkeypatch.setattr(corpora, 'gpt2_encoding', lambda: FakeGPT2())
     docs = {'train': [{'text': f'story {i} ' * (i % 4 + 1)} for i in range(50)],
@@ -345,7 +355,7 @@ def test_hub_pipeline_with_fakes(tmp_path, monkeypatch):
     monkeypatch.setattr(corpora, 'check_hub', lambda *a: None)  # the Hub is faked: no reachability probe
     outs = [make(tmp_path, 'tinystories', '--num_proc=1', name='ts1')]
     monkeypatch.setattr(corpora, 'SHARD_TOKENS', 7)  # many small shards appended
-    outs.append(make(tmp_path, 'tinystories', '--num_proc=2', name='ts2'))
+    outs.append(make(tmp_path, 'tinystories', '--num_proc=1', name='ts2'))
     assert files_of(outs[0]) == files_of(outs[1])
     meta = load_meta(outs[0])
     assert meta['reset_token'] == 50256 and meta['dtype'] == 'uint16' and meta['vocab_size'] == 50257
