@@ -36,7 +36,6 @@ at the training length with the exact recurrence and with the state forced to ze
 every position (model.py's mode='zero'), and redraws gates.png from the logs.
 """
 
-import ast
 import json
 import math
 import os
@@ -44,7 +43,7 @@ import subprocess
 import sys
 import time
 
-from configurator import configure, fail, read_config
+from configurator import configure, fail, parse_value, read_config
 from stats import endpoints, med_range, rank_test
 
 # -----------------------------------------------------------------------------
@@ -66,7 +65,7 @@ escape_loss = 0.0        # tasks: a run leaves the plateau at the first logged s
 spike = 0.25             # a spike: the mean train loss more than this (nats) above its running minimum after the escape
 test_windows = 0         # language modelling: score the first so many test windows (0 = the whole test split)
 # -----------------------------------------------------------------------------
-given = configure(globals(), [k for k in list(globals()) if not k.startswith('_') and k not in ('ast', 'json', 'math', 'os', 'subprocess', 'sys', 'time', 'configure', 'fail', 'endpoints', 'med_range', 'rank_test')], doc=__doc__)
+given = configure(globals(), [k for k in list(globals()) if not k.startswith('_') and k not in ('json', 'math', 'os', 'subprocess', 'sys', 'time', 'configure', 'fail', 'parse_value', 'read_config', 'endpoints', 'med_range', 'rank_test')], doc=__doc__)
 
 # the contenders: same 4-layer d=64 backbone, only the recurrence differs.
 # T2_JACOBI: T2MLR as every table before docs/recipe.md trained it (Jacobi D=8, B=4, the recurrent
@@ -207,14 +206,6 @@ def final_eval(run_dir, steps):
     return evals[-1] if evals and evals[-1]['iter'] == steps else None
 
 
-def literal(v):
-    """A --key=value's value as train.py's configurator reads it: a Python literal, else the string."""
-    try:
-        return ast.literal_eval(v)
-    except (ValueError, SyntaxError):
-        return v
-
-
 def config_value(name, key, default):
     """A key's value for model name as train.py will see it: its config file's last assignment, or
     the arm's own --key=value after it, else default."""
@@ -222,7 +213,7 @@ def config_value(name, key, default):
         if arg.endswith('.py'):
             default = read_config(os.path.join(here, arg)).get(key, default)
         elif arg.startswith(f'--{key}='):
-            default = literal(arg.split('=', 1)[1])
+            default = parse_value(arg.split('=', 1)[1])  # as train.py's configurator reads it
     return default
 
 

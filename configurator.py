@@ -72,7 +72,7 @@ def _check(key, value, default, where):
     return value
 
 
-def _parse(raw):
+def parse_value(raw):
     try:
         return ast.literal_eval(raw)
     except (ValueError, SyntaxError):
@@ -102,7 +102,7 @@ def configure(g, keys, argv=None, doc=None):
                 fail(f"override {arg!r} must look like --key=value")
             if key not in keys:
                 fail(f"unknown config key {key!r} (known: {', '.join(sorted(keys))})")
-            val = _parse(raw)
+            val = parse_value(raw)
             if isinstance(g[key], bool) and parse_bool(raw) is not None:
                 val = parse_bool(raw)  # --compile=false, --compile=0
             if isinstance(g[key], str) and not isinstance(val, str):
