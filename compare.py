@@ -476,8 +476,9 @@ def text_report(results):
         for r in results[name]:
             run_dir = os.path.join(out_dir, f"{name}_s{r['seed']}")
             path = os.path.join(run_dir, 'test_eval.json')
-            done = os.path.isfile(path) and json.load(open(path)).get('windows', 0) == test_windows
-            if not done:  # once per run (and test_windows): the exact recurrence over 0.5M tokens takes minutes
+            r['test'] = json.load(open(path)) if os.path.isfile(path) else {}
+            if not r['test'] or r['test'].get('windows', 0) != test_windows:  # once per run and test_windows:
+                # the exact recurrence over 0.5M tokens takes minutes
                 model, ck = load_checkpoint(os.path.join(run_dir, 'ckpt.pt'))
                 cfg, bits = ck['config'], {}
                 scheme = {k: cfg.get(k, 1) for k in ('n_iter', 'n_grad', 'n_subsets', 'n_rounds', 'block_len')}
@@ -486,8 +487,8 @@ def text_report(results):
                                             **scheme)[0] / ln2
                     print(f"{name} seed {r['seed']}: test {bits[tag]:.4f} bits per character ({tag})", flush=True)
                 tokens = cfg['batch_size'] * cfg['block_size'] * cfg['gradient_accumulation_steps']
-                json.dump(dict(bits=bits, steps=ck['iter_num'], tokens_per_step=tokens, windows=test_windows), open(path, 'w'))
-            r['test'] = json.load(open(path))
+                r['test'] = dict(bits=bits, steps=ck['iter_num'], tokens_per_step=tokens, windows=test_windows)
+                json.dump(r['test'], open(path, 'w'))
     rows, plain_spread = [], None
     for name in names:
         rs = results[name]
