@@ -226,6 +226,17 @@ def steps_of(name):
     return config_value(name, 'max_iters', max_iters) if text and 'max_iters' not in given else max_iters
 
 
+def alive(pid):
+    """Whether process pid (a string, from a lock file) is running."""
+    try:
+        os.kill(int(pid), 0)  # signal 0: nothing is sent, only the process's existence is checked
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:  # it exists, as another user's
+        return True
+    return True
+
+
 def run(name, seed):
     run_dir = os.path.join(out_dir, f'{name}_s{seed}')
     steps = steps_of(name)
@@ -233,8 +244,14 @@ def run(name, seed):
     if done is not None:
         print(f"{name} seed {seed}: already done, reusing {run_dir}")
         return done, json.load(open(os.path.join(run_dir, 'time.json')))['seconds']
+    # a run without its final evaluation was interrupted, and starts over (--overwrite=True below),
+    # unless another compare.py is training it right now: restarting that one would destroy it
+    lock = os.path.join(run_dir, 'compare.pid')
+    if os.path.exists(lock) and alive(open(lock).read()):
+        fail(f"{run_dir} is being trained now by process {open(lock).read()} (another compare.py with this "
+             f"--out_dir?): wait for it, or stop it; delete {lock} if no such process is training it")
     if os.path.exists(os.path.join(run_dir, 'log.jsonl')):
-        os.remove(os.path.join(run_dir, 'log.jsonl'))  # an interrupted run starts over (--overwrite=True below)
+        os.remove(os.path.join(run_dir, 'log.jsonl'))
     cmd = [sys.executable, os.path.join(here, 'train.py')] + [os.path.join(here, a) if a.endswith('.py') else a
                                                              for a in MODELS[name.split('@')[0]]]
     every = curve_interval if curve_interval > 0 else config_value(name, 'eval_interval', steps) if text else steps
@@ -244,11 +261,16 @@ def run(name, seed):
             f'--gate_interval={max(1, steps // 30)}', '--overwrite=True'] + quick_args + extra.split()
     print(f"{name} seed {seed}: {' '.join(cmd[1:])}", flush=True)
     t0 = time.time()
-    p = subprocess.run(cmd)
-    if p.returncode != 0:
-        fail(f"{name} seed {seed} failed (exit {p.returncode})")
-    seconds = time.time() - t0
-    json.dump({'seconds': seconds}, open(os.path.join(run_dir, 'time.json'), 'w'))
+    os.makedirs(run_dir, exist_ok=True)
+    open(lock, 'w').write(str(os.getpid()))
+    try:
+        p = subprocess.run(cmd)
+        if p.returncode != 0:
+            fail(f"{name} seed {seed} failed (exit {p.returncode})")
+        seconds = time.time() - t0
+        json.dump({'seconds': seconds}, open(os.path.join(run_dir, 'time.json'), 'w'))
+    finally:  # done (time.json written), failed or interrupted: no longer being trained
+        os.remove(lock)
     return final_eval(run_dir, steps), seconds
 
 

@@ -90,6 +90,27 @@ def test_compare_curves_and_new_models(tmp_path):
         pass
 
 
+def test_compare_leaves_a_run_in_training_alone(tmp_path):
+    # a run with no final evaluation is restarted, unless another compare.py is training it now
+    # (its pid in compare.pid): restarting that one would destroy it
+    prep('s5', '--group=Z2', '--n_train=64', '--n_val=8', '--n_test=8', '--train_len=8', '--test_lens=12',
+         f'--out_dir={tmp_path}/data/s5_Z2')
+    cmd = [sys.executable, os.path.join(ROOT, 'compare.py'), '--quick=True', '--max_iters=2', '--seeds=1',
+           '--models=plain', f'--data_root={tmp_path}/data', f'--out_dir={tmp_path}/cmp']
+    run_dir = tmp_path / 'cmp' / 'plain_s1'
+    os.makedirs(run_dir)
+    (run_dir / 'log.jsonl').write_text('{"iter": 1, "type": "train", "loss": 1.0}\n')  # the other's run, unfinished
+    (run_dir / 'compare.pid').write_text(str(os.getpid()))  # a live process: this test's
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
+    assert p.returncode != 0 and 'is being trained now by process' in p.stdout + p.stderr
+    assert (run_dir / 'log.jsonl').read_text().startswith('{"iter": 1,')  # untouched
+    dead = subprocess.run([sys.executable, '-c', 'import os; print(os.getpid())'], capture_output=True, text=True)
+    (run_dir / 'compare.pid').write_text(dead.stdout.strip())  # a process that has exited: a stale lock
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert not os.path.exists(run_dir / 'compare.pid') and os.path.isfile(run_dir / 'time.json')
+
+
 @pytest.mark.parametrize('cfg', ['t2mlr_135m_fineweb.py', 'lrt_shared_fineweb.py', 'plain_135m_fineweb.py',
                                  's5_retrieval_t2mlr.py', 's3_t2mlr.py', 's3_lrt.py'])
 def test_paper_configs_run_at_reduced_size(tmp_path, cfg):
