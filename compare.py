@@ -233,7 +233,7 @@ def alive(pid):
     except (ValueError, ProcessLookupError):
         return False
     except PermissionError:  # it exists, as another user's
-        return True
+        pass
     return True
 
 
@@ -247,8 +247,9 @@ def run(name, seed):
     # a run without its final evaluation was interrupted, and starts over (--overwrite=True below),
     # unless another compare.py is training it right now: restarting that one would destroy it
     lock = os.path.join(run_dir, 'compare.pid')
-    if os.path.exists(lock) and alive(open(lock).read()):
-        fail(f"{run_dir} is being trained now by process {open(lock).read()} (another compare.py with this "
+    owner = open(lock).read() if os.path.exists(lock) else ''
+    if owner and alive(owner):
+        fail(f"{run_dir} is being trained now by process {owner} (another compare.py with this "
              f"--out_dir?): wait for it, or stop it; delete {lock} if no such process is training it")
     if os.path.exists(os.path.join(run_dir, 'log.jsonl')):
         os.remove(os.path.join(run_dir, 'log.jsonl'))
