@@ -39,6 +39,7 @@ every position (model.py's mode='zero'), and redraws gates.png from the logs.
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -65,7 +66,10 @@ escape_loss = 0.0        # tasks: a run leaves the plateau at the first logged s
 spike = 0.25             # a spike: the mean train loss more than this (nats) above its running minimum after the escape
 test_windows = 0         # language modelling: score the first so many test windows (0 = the whole test split)
 # -----------------------------------------------------------------------------
-given = configure(globals(), [k for k in list(globals()) if not k.startswith('_') and k not in ('json', 'math', 'os', 'subprocess', 'sys', 'time', 'configure', 'fail', 'parse_value', 'read_config', 'endpoints', 'med_range', 'rank_test')], doc=__doc__)
+given = configure(globals(), [k for k in list(globals()) if not k.startswith('_') and k not in ('json', 'math', 'os', 'signal', 'subprocess', 'sys', 'time', 'configure', 'fail', 'parse_value', 'read_config', 'endpoints', 'med_range', 'rank_test')], doc=__doc__)
+# SIGTERM unwinds like Ctrl-C (Python's default would exit on the spot): the run in training is
+# stopped with us and its compare.pid removed (run(), below)
+signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 # the contenders: same 4-layer d=64 backbone, only the recurrence differs.
 # T2_JACOBI: T2MLR as every table before docs/recipe.md trained it (Jacobi D=8, B=4, the recurrent
@@ -265,7 +269,13 @@ def run(name, seed):
     os.makedirs(run_dir, exist_ok=True)
     open(lock, 'w').write(str(os.getpid()))
     try:
-        p = subprocess.run(cmd)
+        p = subprocess.Popen(cmd)
+        try:
+            p.wait()
+        except BaseException:  # Ctrl-C or SIGTERM: stop the training with us (it saves at its step boundary;
+            p.terminate()      # within 2 s a second signal is the same request), never leave it running unowned
+            p.wait()
+            raise
         if p.returncode != 0:
             fail(f"{name} seed {seed} failed (exit {p.returncode})")
         seconds = time.time() - t0

@@ -2,8 +2,10 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -109,6 +111,55 @@ def test_compare_leaves_a_run_in_training_alone(tmp_path):
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert not os.path.exists(run_dir / 'compare.pid') and os.path.isfile(run_dir / 'time.json')
+
+
+def children(pid):
+    """The pids of process pid's children (Linux's /proc), or None where /proc does not list them."""
+    try:
+        return [int(c) for c in open(f'/proc/{pid}/task/{pid}/children').read().split()]
+    except OSError:
+        return None
+
+
+def alive(pid):
+    """Whether process pid is running (a zombie, exited but not yet reaped, is not)."""
+    try:
+        return open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[0] != 'Z'
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.exists('/proc/self/task'), reason='needs Linux /proc to find the child process')
+def test_compare_stops_its_run_on_sigterm(tmp_path):
+    # SIGTERM to compare.py alone (a scheduler, `kill`) must stop the training it started and
+    # remove its lock: an orphaned train.py would go on writing into a run that the next
+    # compare.py, finding a stale lock, restarts from scratch in the same directory
+    prep('s5', '--group=Z2', '--n_train=64', '--n_val=8', '--n_test=8', '--train_len=8', '--test_lens=12',
+         f'--out_dir={tmp_path}/data/s5_Z2')
+    cmd = [sys.executable, os.path.join(ROOT, 'compare.py'), '--quick=True', '--max_iters=100000', '--seeds=1',
+           '--models=plain', f'--data_root={tmp_path}/data', f'--out_dir={tmp_path}/cmp']
+    run_dir = tmp_path / 'cmp' / 'plain_s1'
+    log = open(tmp_path / 'compare.out', 'w')  # a file, not a pipe: an orphaned train.py would hold a pipe open
+    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=ENV)
+    t0, kids = time.time(), []
+    try:
+        while time.time() - t0 < 300 and p.poll() is None:  # until train.py has logged a step
+            kids = children(p.pid) or []
+            if kids and os.path.exists(run_dir / 'log.jsonl') and '"train"' in (run_dir / 'log.jsonl').read_text():
+                break
+            time.sleep(0.2)
+        assert p.poll() is None and len(kids) == 1, 'compare.py did not start its training run'
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=300)
+        out = (tmp_path / 'compare.out').read_text()
+        assert not alive(kids[0]), 'train.py outlived compare.py'
+        assert p.returncode == 128 + signal.SIGTERM, out[-2000:]
+        assert 'stopped by SIGTERM' in out, out[-2000:]  # train.py stopped at a step boundary and saved
+        assert not os.path.exists(run_dir / 'compare.pid')
+    finally:
+        for pid in [p.pid, *kids]:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize('cfg', ['t2mlr_135m_fineweb.py', 'lrt_shared_fineweb.py', 'plain_135m_fineweb.py',
