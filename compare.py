@@ -90,6 +90,9 @@ MODELS = {
     # against the bursts of gradient, which land on the scalar gate g_rec (docs/recipe.md): the scalar
     # gates at a tenth of the learning rate, on the exact scheme (t2mlr_full_w32_S32)
     't2mlr_glr01': ['config/t2mlr_small.py', '--gate_lr_mult=0.1'],
+    # the recipe with the spike guard: a solved run's crash starts at a rare batch whose gradient is
+    # 1e4x the median, and the AdamW steps after it do the damage (docs/recipe.md, the replays)
+    't2mlr_guard': ['config/t2mlr_small.py', '--skip_spike=10'],
     't2mlr_full': [*T2_JACOBI],                                  # layers 0..3, Jacobi D=8 B=4
     't2mlr_mid': [*T2_JACOBI, '--rec_start=1', '--rec_end=2'],   # middle block 1..2
     't2mlr_full_D32': [*T2_JACOBI, '--n_iter=32', '--n_grad=4'],  # D >= T: exact training
