@@ -93,6 +93,10 @@ MODELS = {
     # the recipe with the spike guard: a solved run's crash starts at a rare batch whose gradient is
     # 1e4x the median, and the AdamW steps after it do the damage (docs/recipe.md, the replays)
     't2mlr_guard': ['config/t2mlr_small.py', '--skip_spike=10'],
+    # the recipe with the exact recurrence's loss alone: the init pass (zero memory) out of the mean.
+    # Its loss cannot fall below the no-state optimum, so after the solution its gradient is all there
+    # is (1e-2 against 1e-8) and AdamW follows it at the full learning rate (docs/recipe.md)
+    't2mlr_noinit': ['config/t2mlr_small.py', '--init_loss=False'],
     't2mlr_full': [*T2_JACOBI],                                  # layers 0..3, Jacobi D=8 B=4
     't2mlr_mid': [*T2_JACOBI, '--rec_start=1', '--rec_end=2'],   # middle block 1..2
     't2mlr_full_D32': [*T2_JACOBI, '--n_iter=32', '--n_grad=4'],  # D >= T: exact training

@@ -442,7 +442,7 @@ class GPT(nn.Module):
     # forward passes
 
     def forward(self, idx, targets=None, mode='exact', n_iter=8, n_grad=4, n_subsets=2, rec_mask=None, n_rounds=1,
-                recompute=False, block_len=1):
+                recompute=False, block_len=1, init_loss=True):
         """idx, targets: (B, T) token ids (targets -1 = no loss). Returns (logits (B, T, V), loss).
         mode: 'plain'        the backbone alone, recurrence bypassed
               'exact'        the exact sequential recurrence (what generation computes)
@@ -451,7 +451,8 @@ class GPT(nn.Module):
               'block'        chunks of block_len tokens in order, the state crossing chunk boundaries only
               'zero'         the exact forward with every position reading an all-zero state
         rec_mask: optional (B, T) bool, where the recurrence is on (default: everywhere).
-        recompute: activation checkpointing of the passes that keep a graph (recomputed in
+        init_loss: interleaved, whether the init pass's loss counts in the mean (LRT's; False: the
+        refinements' alone, with S = T the exact recurrence's loss). recompute: activation checkpointing of the passes that keep a graph (recomputed in
         backward). With recurrence='none' every mode is the plain parallel forward."""
         T = idx.size(1)
         if T > self.config.block_size:
@@ -465,7 +466,7 @@ class GPT(nn.Module):
         elif mode == 'jacobi':
             x = self._jacobi(idx, n_iter, n_grad, None, rec_mask, recompute)[0]
         else:
-            return self.forward_interleaved(idx, targets, n_subsets, rec_mask, n_rounds, recompute)
+            return self.forward_interleaved(idx, targets, n_subsets, rec_mask, n_rounds, recompute, init_loss)
         return self._logits_loss(x, targets)
 
     def _exact(self, idx, cache, rec_mask=None, zero_state=False, chunk=1, span_step=None):
@@ -542,11 +543,12 @@ class GPT(nn.Module):
         x = self.run_blocks(h, self.e + 1, self.config.n_layer - 1, range(T), read, cache)
         return x, state_in, h, passes
 
-    def forward_interleaved(self, idx, targets=None, n_subsets=2, rec_mask=None, n_rounds=1, recompute=False):
+    def forward_interleaved(self, idx, targets=None, n_subsets=2, rec_mask=None, n_rounds=1, recompute=False, init_loss=True):
         """Interleaved subset refinement (DESIGN.md 7), subset i = positions t % S == i, refined R =
         n_rounds times over (R > 1: our extension for deep chains; S = 1: the official multi-refine).
         Exact: the first max(R*S, R+1) positions. -> (logits, each position's from the last pass
-        that refined it; loss, the mean of the 1 + R*S pass losses)."""
+        that refined it; loss, the mean of the 1 + R*S pass losses, or of the R*S refinements' without
+        init_loss)."""
         (B, T), S, L = idx.shape, n_subsets, self.config.n_layer
 
         def refine(x, st, P, mask, ks, vs):
@@ -568,7 +570,7 @@ class GPT(nn.Module):
         h, out, ks, vs = run(xs, zero, range(T), rec_mask, [None] * (L - self.s), [None] * (L - self.s))
         states = self.next_state(h, zero, rec_mask)  # (B, T, d) the latest state produced by each token
         logits, loss0 = self._logits_loss(out, targets)
-        logits, losses = torch.empty_like(logits), [loss0]
+        logits, losses = torch.empty_like(logits), [loss0] if init_loss else []
         # 2. refine the subsets in order, R times over; each sees the states refined before it
         for _ in range(n_rounds):
             for i in range(S):

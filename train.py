@@ -106,6 +106,8 @@ rec_scale_min = 0.2      # T2MLR: the bounds of the state's RMS scale clamp(1/rm
 rec_scale_max = 5.0
 n_subsets = 2            # interleaved: S
 n_rounds = 1             # interleaved: R rounds of the S refinements (exact positions 0..R*S-1 in training)
+init_loss = True         # interleaved: the init pass's (zero memory) loss counts in the mean, as LRT trains; False: the
+                         # refinements' alone (S = T: the exact recurrence's loss; docs/recipe.md: a solved model's drift)
 block_len = 4            # block: C, the chunk length (the state reaches a chunk from the one before only)
 recompute = False        # activation checkpointing: the passes that keep a graph are recomputed in backward
 # optimizer
@@ -251,7 +253,7 @@ def evaluate(final=True):
     out = {}
     modes = eval_modes(train_mode) if recurrent else [('approx', train_mode)]  # no state: all three are one
     kw = lambda mode: dict(mode=mode, n_iter=n_iter, n_grad=n_grad, n_subsets=n_subsets, n_rounds=n_rounds,
-                           block_len=block_len)
+                           block_len=block_len, init_loss=init_loss)
     engine = lambda mode: exact_engine if mode in ('exact', 'zero') else None
     for split in ['train', 'val'] + (['test'] if 'test' in meta['splits'] and not is_task else []):
         for tag, mode in modes:
@@ -358,7 +360,7 @@ try:
                 if ddp:  # synchronise gradients on the last micro-step only
                     model.require_backward_grad_sync = micro == accum_local - 1
                 with autocast:
-                    _, loss = model(x, y, rec_mask=rec_mask, recompute=recompute, **scheme)
+                    _, loss = model(x, y, rec_mask=rec_mask, recompute=recompute, init_loss=init_loss, **scheme)
                     loss_sum = loss_sum + loss.detach()
                     loss = loss / accum_local
                 scaler.scale(loss).backward()
