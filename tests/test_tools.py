@@ -1,6 +1,7 @@
 """tools/chain_bursts.py on a tiny checkpoint and dataset made here: it runs, its unshifted
 loss is the model's own exact loss on the same rows, it shifts g_rec back after measuring, and
-a non-T2MLR checkpoint is a one-line error. tools/pairs.py on a made-up text.json."""
+a non-T2MLR checkpoint is a one-line error. tools/pairs.py on a made-up text.json. tools/replay.py
+on a tiny run: a replay repeats the run, and --freeze_gates holds the gates."""
 
 import dataclasses
 import json
@@ -71,3 +72,49 @@ def test_pairs(tmp_path):
     for bad, msg in [('a:c', "no model 'c'"), ('b/zero:a', "no 'zero' bits"), ('ab', 'expected A:B')]:
         r = subprocess.run([sys.executable, tool, str(path), bad], capture_output=True, text=True, timeout=60)
         assert r.returncode != 0 and msg in r.stderr and 'Traceback' not in r.stderr
+
+
+def test_replay(tmp_path):
+    # tools/replay.py: resumed from a checkpoint at step 3, a run repeats the uninterrupted run's
+    # steps 4-6; with --freeze_gates the scalar gates do not move while everything else trains
+    prepare.main(['s5', '--group=Z2', '--n_train=64', '--n_val=8', '--n_test=8', '--train_len=8',
+                  '--test_lens=12', f'--out_dir={tmp_path / "data" / "parity"}'])
+    env = {**os.environ, 'OMP_NUM_THREADS': '1'}
+    small = ['--n_embd=16', '--n_head=2', '--n_kv_head=1', '--batch_size=4', '--n_subsets=8', '--attn_window=0',
+             '--lr_decay_iters=6', '--warmup_iters=1', '--eval_interval=3', '--log_interval=1', '--eval_examples=4',
+             '--eval_examples_mid=4', '--eval_iters=1', '--eval_exact_iters=1', '--gate_interval=0',
+             f'--data_root={tmp_path / "data"}', '--dataset=parity', '--seed=3']
+
+    def train(out, steps):
+        r = subprocess.run([sys.executable, os.path.join(REPO, 'train.py'), os.path.join(REPO, 'config', 't2mlr_small.py'),
+                            *small, f'--max_iters={steps}', f'--out_dir={tmp_path / out}'],
+                           capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+
+    def losses(out):
+        recs = [json.loads(l) for l in open(tmp_path / out / 'log.jsonl')]
+        return {r['iter']: r['loss'] for r in recs if r.get('type') == 'train'}
+
+    def replay(out, *extra):
+        r = subprocess.run([sys.executable, os.path.join(REPO, 'tools', 'replay.py'), str(tmp_path / 'half' / 'ckpt.pt'),
+                            str(tmp_path / out), '--max_iters=6', *extra], capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+
+    train('whole', 6)
+    train('half', 3)
+    replay('again')
+    whole, again = losses('whole'), losses('again')
+    assert sorted(again) == [4, 5, 6]
+    for i in again:
+        assert abs(again[i] - whole[i]) < 1e-6, (i, again[i], whole[i])
+    replay('frozen', '--freeze_gates')
+    load = lambda out: torch.load(tmp_path / out / 'ckpt.pt', map_location='cpu', weights_only=False)['model']
+    before, after = load('half'), load('frozen')
+    gates = [k for k in before if k.endswith(('g_rec', 'g_cur'))]
+    assert gates and all(torch.equal(before[k], after[k]) for k in gates)
+    assert not any(torch.equal(before[k], load('again')[k]) for k in gates)  # unfrozen, they move
+    assert not torch.equal(before['wte.weight'], after['wte.weight'])  # the rest trained
+    # a directory that holds a run is refused
+    r = subprocess.run([sys.executable, os.path.join(REPO, 'tools', 'replay.py'), str(tmp_path / 'half' / 'ckpt.pt'),
+                        str(tmp_path / 'again')], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and 'already holds a run' in r.stderr and 'Traceback' not in r.stderr

@@ -1,0 +1,61 @@
+"""
+Replay a run from one of its checkpoints, unchanged or with one change: the experiment of
+docs/recipe.md ("A solved model's crash, replayed"). A checkpoint holds the model, the optimizer,
+the data generator and the spike guard's memory, so on the same machine with the same thread
+count the resumed run repeats the original step for step, and a change made at the resume point
+is an intervention on that one trajectory.
+
+$ python tools/replay.py CKPT OUT_DIR [--freeze_gates] [--key=value ...]
+
+CKPT: a run's ckpt.pt or best.pt. OUT_DIR: a new directory for the replay (its ckpt.pt, best.pt,
+log.jsonl). --freeze_gates: T2MLR's scalar gates g_cur, g_rec get learning rate 0 from the resume
+on (the optimizer's state carries each group's lr multiplier, so --gate_lr_mult cannot change it
+on resume). Every --key=value goes to train.py after the run's own settings, e.g.
+--skip_spike=10, --init_loss=False, --log_interval=1.
+"""
+
+import os
+import shutil
+import sys
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from configurator import fail  # noqa: E402
+
+args = sys.argv[1:]
+paths = [a for a in args if not a.startswith('--')]
+overrides = [a for a in args if a.startswith('--') and a != '--freeze_gates']
+if len(paths) != 2:
+    fail("usage: python tools/replay.py CKPT OUT_DIR [--freeze_gates] [--key=value ...]")
+src, out_dir = paths
+if os.path.exists(os.path.join(out_dir, 'ckpt.pt')):
+    fail(f"{out_dir} already holds a run (ckpt.pt): give the replay a new directory")
+try:
+    ckpt = torch.load(src, map_location='cpu', weights_only=False)
+    config, groups = ckpt['config'], ckpt['optimizer']['param_groups']
+except Exception as e:  # a missing, truncated or foreign file
+    fail(f"{src}: not a train.py checkpoint ({type(e).__name__}: {e})")
+
+if '--freeze_gates' in args:
+    # the scalar gates are the 0-dim parameters (GPT.param_groups puts them in groups of their own)
+    state = ckpt['optimizer']['state']
+    frozen = [g for g in groups if g['params'] and all(state[i]['exp_avg'].dim() == 0 for i in g['params'])]
+    if not frozen:
+        fail(f"{src}: no scalar gates to freeze (not a T2MLR run?)")
+    for g in frozen:
+        g['lr_mult'] = 0.0
+    print(f"froze {sum(len(g['params']) for g in frozen)} scalar gates")
+
+os.makedirs(out_dir, exist_ok=True)
+if '--freeze_gates' in args:
+    torch.save(ckpt, os.path.join(out_dir, 'ckpt.pt'))
+else:
+    shutil.copyfile(src, os.path.join(out_dir, 'ckpt.pt'))
+# the run's own settings (all of train.py's, as the checkpoint recorded them), then the changes
+same = [f'--{k}={v!r}' for k, v in config.items() if k not in ('out_dir', 'init_from', 'overwrite')]
+cmd = [sys.executable, os.path.join(ROOT, 'train.py'), *same, f'--out_dir={out_dir}', '--init_from=resume', *overrides]
+print(f"replaying {src} (step {ckpt['iter_num']}) in {out_dir}" + (f" with {' '.join(overrides)}" if overrides else ''),
+      flush=True)
+os.execv(sys.executable, cmd)  # train.py in this process: Ctrl-C and SIGTERM reach it as they would a run
