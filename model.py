@@ -452,7 +452,8 @@ class GPT(nn.Module):
               'zero'         the exact forward with every position reading an all-zero state
         rec_mask: optional (B, T) bool, where the recurrence is on (default: everywhere).
         init_loss: interleaved, whether the init pass's loss counts in the mean (LRT's; False: the
-        refinements' alone, with S = T the exact recurrence's loss). recompute: activation checkpointing of the passes that keep a graph (recomputed in
+        refinements' alone, with S = T the exact recurrence's loss).
+        recompute: activation checkpointing of the passes that keep a graph (recomputed in
         backward). With recurrence='none' every mode is the plain parallel forward."""
         T = idx.size(1)
         if T > self.config.block_size:
@@ -543,7 +544,8 @@ class GPT(nn.Module):
         x = self.run_blocks(h, self.e + 1, self.config.n_layer - 1, range(T), read, cache)
         return x, state_in, h, passes
 
-    def forward_interleaved(self, idx, targets=None, n_subsets=2, rec_mask=None, n_rounds=1, recompute=False, init_loss=True):
+    def forward_interleaved(self, idx, targets=None, n_subsets=2, rec_mask=None, n_rounds=1, recompute=False,
+                            init_loss=True):
         """Interleaved subset refinement (DESIGN.md 7), subset i = positions t % S == i, refined R =
         n_rounds times over (R > 1: our extension for deep chains; S = 1: the official multi-refine).
         Exact: the first max(R*S, R+1) positions. -> (logits, each position's from the last pass
