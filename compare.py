@@ -95,7 +95,8 @@ MODELS = {
     't2mlr_guard': ['config/t2mlr_small.py', '--skip_spike=10'],
     # the recipe with the exact recurrence's loss alone: the init pass (zero memory) out of the mean.
     # Its loss cannot fall below the no-state optimum, so after the solution its gradient is all there
-    # is (1e-2 against 1e-8) and AdamW follows it at the full learning rate (docs/recipe.md)
+    # is (1e-2 against 1e-8) and AdamW follows it at the full learning rate (docs/recipe.md). Screened
+    # out: from step 0 it leaves training before the solution without its steadiest objective
     't2mlr_noinit': ['config/t2mlr_small.py', '--init_loss=False'],
     't2mlr_full': [*T2_JACOBI],                                  # layers 0..3, Jacobi D=8 B=4
     't2mlr_mid': [*T2_JACOBI, '--rec_start=1', '--rec_end=2'],   # middle block 1..2
