@@ -451,10 +451,8 @@ class GPT(nn.Module):
               'block'        chunks of block_len tokens in order, the state crossing chunk boundaries only
               'zero'         the exact forward with every position reading an all-zero state
         rec_mask: optional (B, T) bool, where the recurrence is on (default: everywhere).
-        init_loss: interleaved, whether the init pass's loss counts in the mean (LRT's; False: the
-        refinements' alone, with S = T the exact recurrence's loss).
-        recompute: activation checkpointing of the passes that keep a graph (recomputed in
-        backward). With recurrence='none' every mode is the plain parallel forward."""
+        recompute: activation checkpointing of the passes that keep a graph (recomputed in backward);
+        init_loss: forward_interleaved's. With recurrence='none' every mode is the plain parallel forward."""
         T = idx.size(1)
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
@@ -544,13 +542,11 @@ class GPT(nn.Module):
         x = self.run_blocks(h, self.e + 1, self.config.n_layer - 1, range(T), read, cache)
         return x, state_in, h, passes
 
-    def forward_interleaved(self, idx, targets=None, n_subsets=2, rec_mask=None, n_rounds=1, recompute=False,
-                            init_loss=True):
+    def forward_interleaved(self, idx, targets=None, n_subsets=2, rec_mask=None, n_rounds=1, recompute=False, init_loss=True):
         """Interleaved subset refinement (DESIGN.md 7), subset i = positions t % S == i, refined R =
         n_rounds times over (R > 1: our extension for deep chains; S = 1: the official multi-refine).
         Exact: the first max(R*S, R+1) positions. -> (logits, each position's from the last pass
-        that refined it; loss, the mean of the 1 + R*S pass losses, or of the R*S refinements' without
-        init_loss)."""
+        that refined it; loss, the mean of the 1 + R*S pass losses; init_loss=False: of the R*S refinements' alone)."""
         (B, T), S, L = idx.shape, n_subsets, self.config.n_layer
 
         def refine(x, st, P, mask, ks, vs):
@@ -571,7 +567,7 @@ class GPT(nn.Module):
         zero = xs.new_zeros(B, T, self.config.n_embd)
         h, out, ks, vs = run(xs, zero, range(T), rec_mask, [None] * (L - self.s), [None] * (L - self.s))
         states = self.next_state(h, zero, rec_mask)  # (B, T, d) the latest state produced by each token
-        logits, loss0 = self._logits_loss(out, targets)
+        logits, loss0 = self._logits_loss(out, targets if init_loss else None)  # no loss where it does not count
         logits, losses = torch.empty_like(logits), [loss0] if init_loss else []
         # 2. refine the subsets in order, R times over; each sees the states refined before it
         for _ in range(n_rounds):

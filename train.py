@@ -106,8 +106,7 @@ rec_scale_min = 0.2      # T2MLR: the bounds of the state's RMS scale clamp(1/rm
 rec_scale_max = 5.0
 n_subsets = 2            # interleaved: S
 n_rounds = 1             # interleaved: R rounds of the S refinements (exact positions 0..R*S-1 in training)
-init_loss = True         # interleaved: the init pass's (zero memory) loss counts in the mean, as LRT trains; False: the
-                         # refinements' alone (S = T: the exact recurrence's loss; docs/recipe.md: a solved model's drift)
+init_loss = True         # interleaved: the init pass's loss in the mean (LRT); False: the refinements' alone (S = T: exact)
 block_len = 4            # block: C, the chunk length (the state reaches a chunk from the one before only)
 recompute = False        # activation checkpointing: the passes that keep a graph are recomputed in backward
 # optimizer
@@ -310,8 +309,7 @@ if wandb_log and master:
     import wandb
     wandb.init(project=wandb_project, name=wandb_run_name, config=config)
 
-t0 = time.time()
-exit_code = 0
+t0, exit_code = time.time(), 0
 # loss_mean/max, jump_max, grad_norm, clip_frac, skipped per log interval; the spike guard resumes exactly
 step_stats = StepStats(grad_clip, recent=ckpt.get('recent_grad_norms', []) if ckpt is not None else [])
 divergence = lambda what: stop_diverged(what, iter_num, master, ckpt_path, best_path)

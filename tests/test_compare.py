@@ -92,14 +92,20 @@ def test_compare_curves_and_new_models(tmp_path):
         pass
 
 
+def tiny_parity_compare(tmp_path, steps):
+    """A tiny parity dataset under tmp_path and the compare.py command that trains the plain model
+    on it for `steps` steps (seed 1) -> (command, the run's directory)."""
+    prep('s5', '--group=Z2', '--n_train=64', '--n_val=8', '--n_test=8', '--train_len=8', '--test_lens=12',
+         f'--out_dir={tmp_path}/data/s5_Z2')
+    cmd = [sys.executable, os.path.join(ROOT, 'compare.py'), '--quick=True', f'--max_iters={steps}', '--seeds=1',
+           '--models=plain', f'--data_root={tmp_path}/data', f'--out_dir={tmp_path}/cmp']
+    return cmd, tmp_path / 'cmp' / 'plain_s1'
+
+
 def test_compare_leaves_a_run_in_training_alone(tmp_path):
     # a run with no final evaluation is restarted, unless another compare.py is training it now
     # (its pid in compare.pid): restarting that one would destroy it
-    prep('s5', '--group=Z2', '--n_train=64', '--n_val=8', '--n_test=8', '--train_len=8', '--test_lens=12',
-         f'--out_dir={tmp_path}/data/s5_Z2')
-    cmd = [sys.executable, os.path.join(ROOT, 'compare.py'), '--quick=True', '--max_iters=2', '--seeds=1',
-           '--models=plain', f'--data_root={tmp_path}/data', f'--out_dir={tmp_path}/cmp']
-    run_dir = tmp_path / 'cmp' / 'plain_s1'
+    cmd, run_dir = tiny_parity_compare(tmp_path, steps=2)
     os.makedirs(run_dir)
     (run_dir / 'log.jsonl').write_text('{"iter": 1, "type": "train", "loss": 1.0}\n')  # the other's run, unfinished
     (run_dir / 'compare.pid').write_text(str(os.getpid()))  # a live process: this test's
@@ -134,11 +140,7 @@ def test_compare_stops_its_run_on_sigterm(tmp_path):
     # SIGTERM to compare.py alone (a scheduler, `kill`) must stop the training it started and
     # remove its lock: an orphaned train.py would go on writing into a run that the next
     # compare.py, finding a stale lock, restarts from scratch in the same directory
-    prep('s5', '--group=Z2', '--n_train=64', '--n_val=8', '--n_test=8', '--train_len=8', '--test_lens=12',
-         f'--out_dir={tmp_path}/data/s5_Z2')
-    cmd = [sys.executable, os.path.join(ROOT, 'compare.py'), '--quick=True', '--max_iters=100000', '--seeds=1',
-           '--models=plain', f'--data_root={tmp_path}/data', f'--out_dir={tmp_path}/cmp']
-    run_dir = tmp_path / 'cmp' / 'plain_s1'
+    cmd, run_dir = tiny_parity_compare(tmp_path, steps=100000)
     log = open(tmp_path / 'compare.out', 'w')  # a file, not a pipe: an orphaned train.py would hold a pipe open
     p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=ENV)
     t0, kids = time.time(), []

@@ -15,7 +15,6 @@ on resume). Every --key=value goes to train.py after the run's own settings, e.g
 """
 
 import os
-import shutil
 import sys
 
 import torch
@@ -49,10 +48,7 @@ if '--freeze_gates' in args:
     print(f"froze {sum(len(g['params']) for g in frozen)} scalar gates")
 
 os.makedirs(out_dir, exist_ok=True)
-if '--freeze_gates' in args:
-    torch.save(ckpt, os.path.join(out_dir, 'ckpt.pt'))
-else:
-    shutil.copyfile(src, os.path.join(out_dir, 'ckpt.pt'))
+torch.save(ckpt, os.path.join(out_dir, 'ckpt.pt'))
 # the run's own settings (all of train.py's, as the checkpoint recorded them), then the changes
 same = [f'--{k}={v!r}' for k, v in config.items() if k not in ('out_dir', 'init_from', 'overwrite')]
 cmd = [sys.executable, os.path.join(ROOT, 'train.py'), *same, f'--out_dir={out_dir}', '--init_from=resume', *overrides]
