@@ -120,6 +120,7 @@ rec_weight_decay = -1.0  # weight decay of the recurrence's own matrices; -1 = w
 gate_lr_mult = 1.0       # T2MLR: lr multiplier of the scalar gates g_cur, g_rec, on top of rec_lr_mult (docs/recipe.md)
 skip_spike = 0.0         # > 0: skip the update (weights and AdamW moments untouched) of a step whose gradient norm
                          # before clipping is more than skip_spike x the median of the last 50 steps' (docs/recipe.md)
+skip_spike_arm = 0.0     # > 0: the guard is armed at the first step whose train loss is below this (out of the plateau)
 decay_lr = True
 warmup_iters = 100
 lr_decay_iters = -1      # -1 = max_iters
@@ -299,7 +300,7 @@ def checkpoint():
                cuda=torch.cuda.get_rng_state() if device_type == 'cuda' else None)
     return dict(model=raw_model.state_dict(), model_args=asdict(raw_model.config), optimizer=optimizer.state_dict(),
                 iter_num=iter_num, best_val_loss=best_val_loss, config=config, data_gen=data_gen.get_state(),
-                recent_grad_norms=step_stats.recent, rng=rng, pretrained=pretrained, data=data_fingerprint(meta), version=1)
+                recent_grad_norms=step_stats.recent, guard_armed=step_stats.armed, rng=rng, pretrained=pretrained, data=data_fingerprint(meta), version=1)
 
 
 # -----------------------------------------------------------------------------
@@ -311,7 +312,8 @@ if wandb_log and master:
 
 t0, exit_code = time.time(), 0
 # loss_mean/max, jump_max, grad_norm, clip_frac, skipped per log interval; the spike guard resumes exactly
-step_stats = StepStats(grad_clip, recent=ckpt.get('recent_grad_norms', []) if ckpt is not None else [])
+step_stats = StepStats(grad_clip, recent=ckpt.get('recent_grad_norms', []) if ckpt is not None else [],
+                       armed=ckpt.get('guard_armed', False) if ckpt is not None else False)
 divergence = lambda what: stop_diverged(what, iter_num, master, ckpt_path, best_path)
 
 try:
@@ -371,19 +373,23 @@ try:
             lossf = loss_sum / accum_local
             flags = torch.stack([~torch.isfinite(lossf),
                                  ~torch.isfinite(grad_norm) & (not scaler.is_enabled()),  # fp16: the scaler skips such steps
-                                 torch.tensor(stop_request.signum > 0, device=lossf.device), grad_norm.float()]).float()
+                                 torch.tensor(stop_request.signum > 0, device=lossf.device), grad_norm.float(),
+                                 -lossf.float()]).float()  # and the smallest loss: every process arms the guard at once
             if ddp:
                 dist.all_reduce(flags, op=dist.ReduceOp.MAX)
             # one host sync per step: the flags, the gradient norm and this process's loss (the step statistics)
-            loss_bad, grad_bad, stop, step_grad, step_loss = torch.cat([flags, lossf.float().view(1)]).tolist()
+            loss_bad, grad_bad, stop, step_grad, neg_min_loss, step_loss = torch.cat([flags, lossf.float().view(1)]).tolist()
             step_stats.add(step_loss, step_grad)
             if loss_bad or grad_bad:  # before optimizer.step: the weights are still the last good ones
                 divergence(' and '.join(["non-finite train loss" + ('' if ddp else f" ({lossf.item()})")] * bool(loss_bad) +
                                            [f"non-finite gradient norm ({grad_norm.item()})"] * bool(grad_bad)))
             # a gradient spike (the recurrent chain's gradient exploding): clipping bounds its norm, not
             # its direction, and AdamW would carry that direction on for ~1/(1-beta1) steps: no update
-            if not step_stats.spike(step_grad, skip_spike):
+            armed = step_stats.armed
+            if not step_stats.spike(step_grad, skip_spike, -neg_min_loss, skip_spike_arm):
                 scaler.step(optimizer)
+            if skip_spike_arm > 0 and step_stats.armed > armed and master:
+                print(f"iter {iter_num + 1}: train loss {-neg_min_loss:.4f} < skip_spike_arm={skip_spike_arm:g}: the spike guard is armed")
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
             iter_num += 1

@@ -51,6 +51,8 @@ def check_config(c):
             fail(f"{k}={getattr(c, k)}: must be >= 0")
     if c.skip_spike != 0 and c.skip_spike <= 1:  # <= 1 would skip about half of all steps
         fail(f"skip_spike={c.skip_spike}: 0 (off) or a factor > 1 over the median gradient norm (e.g. 10)")
+    if c.skip_spike_arm < 0 or (c.skip_spike_arm > 0 and c.skip_spike == 0):
+        fail(f"skip_spike_arm={c.skip_spike_arm}: 0 (the guard armed from the start) or a train loss > 0, with skip_spike > 1")
     if c.ddp_timeout <= 0:
         fail(f"ddp_timeout={c.ddp_timeout}: must be > 0 (seconds)")
     for k in ('beta1', 'beta2'):  # AdamW's own check is a traceback
@@ -224,20 +226,22 @@ class StepStats:
     gradient norm before clipping (mean, largest), the clipped share and the skipped steps.
     And the spike guard's memory: the last `window` gradient norms, saved in checkpoints."""
 
-    def __init__(self, grad_clip, window=50, recent=()):
+    def __init__(self, grad_clip, window=50, recent=(), armed=False):
         self.grad_clip, self.losses, self.grads, self.last, self.skipped = grad_clip, [], [], None, 0
-        self.window, self.recent = window, list(recent)
+        self.window, self.recent, self.armed = window, list(recent), armed
 
     def add(self, loss, grad_norm):
         self.losses.append(loss)
         self.grads.append(grad_norm)
 
-    def spike(self, grad_norm, factor):
+    def spike(self, grad_norm, factor, loss=0.0, arm_below=0.0):
         """True if this step's gradient norm is more than factor x the median of the last `window`
         steps' (skipped ones included, so that a lasting rise is let through after window/2
-        steps). Never during the first `window` steps, nor with factor <= 0."""
+        steps). Never during the first `window` steps, nor with factor <= 0. With arm_below > 0,
+        never before the first step whose loss is below arm_below (a run out of the plateau)."""
+        self.armed = self.armed or (factor > 0 and (arm_below <= 0 or loss < arm_below))
         recent = sorted(self.recent)
-        hit = factor > 0 and len(recent) == self.window and grad_norm > factor * recent[len(recent) // 2]
+        hit = factor > 0 and self.armed and len(recent) == self.window and grad_norm > factor * recent[len(recent) // 2]
         self.recent = (self.recent + [grad_norm])[-self.window:]
         self.skipped += hit
         return hit
@@ -249,7 +253,8 @@ class StepStats:
         clip = self.grad_clip
         out = dict(loss_mean=sum(losses) / len(losses), loss_max=max(losses), jump_max=max(jumps, default=0.0),
                    grad_norm=sum(grads) / len(grads), grad_norm_max=max(grads),
-                   clip_frac=sum(g > clip for g in grads) / len(grads) if clip > 0 else 0.0, skipped=self.skipped)
+                   clip_frac=sum(g > clip for g in grads) / len(grads) if clip > 0 else 0.0, skipped=self.skipped,
+                   guard_armed=self.armed)
         self.losses, self.grads, self.last, self.skipped = [], [], losses[-1], 0
         return out
 

@@ -78,6 +78,13 @@ def test_step_stats_spike_guard():
     assert not st.spike(25.0, 10.0)                                          # median 3: 25 < 30
     assert st.skipped == 1
     assert not StepStats(1.0, window=1).spike(1e9, 0.0)                      # factor 0: off
+    # armed at the first loss below arm_below, and from then on whatever the loss
+    st = StepStats(grad_clip=1.0, window=1)
+    assert not st.spike(1.0, 10.0, 0.7, 0.2)                                 # fills the window
+    assert not st.spike(100.0, 10.0, 0.7, 0.2) and not st.armed              # 100x, but on the plateau: let through
+    assert not st.spike(1.0, 10.0, 0.1, 0.2) and st.armed                    # loss 0.1 < 0.2: armed
+    assert st.spike(100.0, 10.0, 0.7, 0.2) and st.skipped == 1               # armed for good, whatever the loss
+    assert not StepStats(1.0).armed and not StepStats(1.0).spike(1.0, 0.0, 0.1, 0.2) # the guard off: never armed
 
 
 def test_skip_spike_skips_and_resumes_exactly(data, tmp_path):
@@ -95,6 +102,18 @@ def test_skip_spike_skips_and_resumes_exactly(data, tmp_path):
     assert any(not torch.equal(a[k], off[k]) for k in a)  # skipping changed the run
     logs = [json.loads(l) for l in open(tmp_path / 'straight' / 'log.jsonl') if '"type": "train"' in l]
     assert [r['skipped'] for r in logs if r['iter'] <= 50] == [0] * 5 and sum(r['skipped'] for r in logs) > 0
+    # skip_spike_arm: a loss never reached leaves the guard unarmed (the run without it); one reached
+    # at step 1 arms it at once (the guard from the start); the armed state travels in the checkpoint:
+    # armed in the first half, resumed with a loss it never reaches, it stays armed
+    run(common(data, tmp_path / 'never', *args, '--skip_spike_arm=1e-9'), tmp_path)
+    run(common(data, tmp_path / 'at_once', *args, '--skip_spike_arm=100'), tmp_path)
+    half = [a if a != '--max_iters=60' else '--max_iters=30' for a in args]
+    run(common(data, tmp_path / 'armed', *half, '--skip_spike_arm=100'), tmp_path)
+    p = run(common(data, tmp_path / 'armed', *args, '--skip_spike_arm=1e-9', '--init_from=resume'), tmp_path)
+    never, at_once, armed = (params(tmp_path / d / 'ckpt.pt') for d in ('never', 'at_once', 'armed'))
+    for k in a:
+        assert torch.equal(never[k], off[k]) and torch.equal(at_once[k], a[k]) and torch.equal(armed[k], a[k]), k
+    assert 'the spike guard is armed' not in p.stdout
 
 
 def test_compile_matches_eager(data, tmp_path):
@@ -125,6 +144,7 @@ def test_smoke_config_t2mlr_small_and_eval(data, tmp_path):
     (['--batch_size=big'], 'batch_size must be int'),
     (['--train_mode=fast'], "unknown train_mode 'fast'"),
     (['--skip_spike=0.5'], 'skip_spike=0.5: 0 (off) or a factor > 1'),
+    (['--skip_spike_arm=0.2'], 'skip_spike_arm=0.2: 0 (the guard armed from the start) or a train loss > 0, with skip_spike > 1'),
     (['--jacobi_init=ones'], "unknown jacobi_init 'ones'"),
     (['--recurrence=t2mlr', '--rec_start=3', '--rec_end=1'], 'rec_end=1 < rec_start=3'),
     (['--dataset=nope'], 'prepare.py'),
