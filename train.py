@@ -312,8 +312,8 @@ if wandb_log and master:
 
 t0, exit_code = time.time(), 0
 # loss_mean/max, jump_max, grad_norm, clip_frac, skipped per log interval; the spike guard resumes exactly
-step_stats = StepStats(grad_clip, recent=ckpt.get('recent_grad_norms', []) if ckpt is not None else [],
-                       armed=ckpt.get('guard_armed', False) if ckpt is not None else False)
+saved = ckpt or {}
+step_stats = StepStats(grad_clip, recent=saved.get('recent_grad_norms', []), armed=saved.get('guard_armed', False))
 divergence = lambda what: stop_diverged(what, iter_num, master, ckpt_path, best_path)
 
 try:
