@@ -96,6 +96,9 @@ MODELS = {
     # the guard armed at the escape (the first step whose train loss is below 0.2): before it the run is
     # the recipe's, step for step; after it, the rare burst that starts a solved model's crash is skipped
     't2mlr_guard_late': ['config/t2mlr_small.py', '--skip_spike=10', '--skip_spike_arm=0.2'],
+    # screened out (docs/recipe.md): armed at 0.2 it arms half-way through the escape, whose own bursts
+    # it then skips; armed at 0.03 (the solved floor is 0.018, the init pass's share) it arms once solved
+    't2mlr_guard_solved': ['config/t2mlr_small.py', '--skip_spike=10', '--skip_spike_arm=0.03'],
     # the recipe with the exact recurrence's loss alone: the init pass (zero memory) out of the mean.
     # Its loss cannot fall below the no-state optimum, so after the solution its gradient is all there
     # is (1e-2 against 1e-8) and AdamW follows it at the full learning rate (docs/recipe.md). Screened
