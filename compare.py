@@ -100,8 +100,8 @@ MODELS = {
     # it then skips; armed at 0.03 (the solved floor is 0.018, the init pass's share) it arms once solved
     't2mlr_guard_solved': ['config/t2mlr_small.py', '--skip_spike=10', '--skip_spike_arm=0.03'],
     # the recipe with exact states but a one-step gradient: Jacobi D = 32 >= T (every position reads its
-    # true state, as S = 32 gives) and B = 1 (the gradient through the last pass only, not the 32-step
-    # chain whose bursts throw runs back), and no init pass in the loss. LRT on S3 under this scheme
+    # true state, as S = 32 gives) and B = 1 (the gradient through the last iteration and the final pass,
+    # not the 32-step chain whose bursts throw runs back), and no init pass in the loss. LRT on S3 under this scheme
     # escapes earlier than under its exact one and never sees a large gradient (docs/recipe.md)
     't2mlr_j32b1': ['config/t2mlr_small.py', '--train_mode=jacobi', '--n_iter=32', '--n_grad=1'],
     # the recipe with the exact recurrence's loss alone: the init pass (zero memory) out of the mean.
