@@ -311,9 +311,7 @@ if wandb_log and master:
     wandb.init(project=wandb_project, name=wandb_run_name, config=config)
 
 t0, exit_code = time.time(), 0
-# loss_mean/max, jump_max, grad_norm, clip_frac, skipped per log interval; the spike guard resumes exactly
-saved = ckpt or {}
-step_stats = StepStats(grad_clip, recent=saved.get('recent_grad_norms', []), armed=saved.get('guard_armed', False))
+step_stats = StepStats(grad_clip, recent=(ckpt or {}).get('recent_grad_norms', []), armed=(ckpt or {}).get('guard_armed', False))
 divergence = lambda what: stop_diverged(what, iter_num, master, ckpt_path, best_path)
 
 try:
