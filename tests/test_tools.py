@@ -1,7 +1,8 @@
 """tools/chain_bursts.py on a tiny checkpoint and dataset made here: it runs, its unshifted
 loss is the model's own exact loss on the same rows, it shifts g_rec back after measuring, and
 a non-T2MLR checkpoint is a one-line error. tools/pairs.py on a made-up text.json. tools/replay.py
-on a tiny run: a replay repeats the run, and --freeze_gates holds the gates."""
+on a tiny run: a replay repeats the run, and --freeze_gates holds the gates. tools/pool.py on
+made-up results.json files: the pooled medians, counts and rank test, and its one-line errors."""
 
 import dataclasses
 import json
@@ -80,7 +81,7 @@ def test_replay(tmp_path):
     prepare.main(['s5', '--group=Z2', '--n_train=64', '--n_val=8', '--n_test=8', '--train_len=8',
                   '--test_lens=12', f'--out_dir={tmp_path / "data" / "parity"}'])
     env = {**os.environ, 'OMP_NUM_THREADS': '1'}
-    small = ['--n_embd=16', '--n_head=2', '--n_kv_head=1', '--batch_size=4', '--n_subsets=8', '--attn_window=0',
+    small = ['--n_embd=16', '--n_head=2', '--n_kv_head=1', '--batch_size=4', '--n_iter=8', '--attn_window=0',
              '--lr_decay_iters=6', '--warmup_iters=1', '--eval_interval=3', '--log_interval=1', '--eval_examples=4',
              '--eval_examples_mid=4', '--eval_iters=1', '--eval_exact_iters=1', '--gate_interval=0',
              f'--data_root={tmp_path / "data"}', '--dataset=parity', '--seed=3']
@@ -118,3 +119,33 @@ def test_replay(tmp_path):
     r = subprocess.run([sys.executable, os.path.join(REPO, 'tools', 'replay.py'), str(tmp_path / 'half' / 'ckpt.pt'),
                         str(tmp_path / 'again')], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and 'already holds a run' in r.stderr and 'Traceback' not in r.stderr
+
+
+def test_pool(tmp_path):
+    # two results.json files of one arm (seeds 1-2 and 3), one of another (seeds 1-3)
+    def row(seed, em, escape, grad, loss):
+        return {'seed': seed, 'escape': escape, 'curve': {'grad_max': grad},
+                'eval': {'test_64/em_exact': em, 'val/loss_exact': loss}}
+
+    def write(name, model, rows):
+        json.dump({'lengths': [32, 48, 64], 'runs': {model: rows}}, open(tmp_path / name, 'w'))
+    write('a.json', 'new', [row(1, 1.0, 300, 1e3, 0.0), row(2, 0.5, 500, 2e3, 0.1)])
+    write('b.json', 'new', [row(3, 0.95, 400, 3e3, 0.0)])
+    write('c.json', 'old', [row(1, 1.0, 600, 1e6, 0.01), row(2, 0.2, 1501, 1e9, 0.3), row(3, 0.99, 700, 1e7, 0.02)])
+    tool = os.path.join(REPO, 'tools', 'pool.py')
+    pool = lambda *a: subprocess.run([sys.executable, tool, *a], capture_output=True, text=True, timeout=60)
+    r = pool(f'old=old:{tmp_path / "c.json"}', f'new=new:{tmp_path / "a.json"},{tmp_path / "b.json"}')
+    assert r.returncode == 0, r.stderr
+    old, new = r.stdout.splitlines()
+    assert 'EM@64 0.99 [0.20, 1.00], 2/3 >= 0.9; escape 700 [600, 1501]' in old and 'p vs' not in old
+    assert 'seeds 1,2,3; EM@64 0.95 [0.50, 1.00], 2/3 >= 0.9; escape 400 [300, 500]' in new
+    # every new escape and grad norm ranks below every old one: 1 split of C(6, 3) = 20 each way, p = 0.1
+    assert 'p vs old (escape, grad norm, val loss): 0.1, 0.1, ' in new
+    r = pool(f'new=new:{tmp_path / "a.json"}@2')  # a chosen seed
+    assert r.returncode == 0 and 'seeds 2; EM@64 0.50 [0.50, 0.50], 0/1' in r.stdout
+    for args, msg in ((['new=new:' + str(tmp_path / 'a.json') + ',' + str(tmp_path / 'a.json')], 'seed 1 is in more than one file'),
+                      (['x=old:' + str(tmp_path / 'a.json')], "has no runs of 'old'"),
+                      (['x=new:' + str(tmp_path / 'a.json') + '@7'], 'seeds [7] are in none'),
+                      (['x=new:' + str(tmp_path / 'nope.json')], 'no such results.json'), (['new'], 'expected NAME=MODEL')):
+        r = pool(*args)
+        assert r.returncode != 0 and msg in r.stderr and 'Traceback' not in r.stderr, (args, r.stderr)

@@ -1,0 +1,76 @@
+"""
+Pool the runs of one arm that compare.py tabulated in several results.json files (runs made in
+different sessions, with the same arithmetic), and test the pool against another arm's pool:
+docs/recipe.md's ten-seed rows whose seeds were run in two batches.
+
+$ python tools/pool.py NAME=MODEL:RESULTS.json[,RESULTS.json...][@SEEDS] [NAME=...]
+
+Each argument is one arm: a label, compare.py's model name in those files, the files, and
+optionally which seeds to keep (e.g. @1,2,3; default every seed, a seed found twice is an error).
+Prints per arm the exact EM at the longest test length (median [min, max]) and how many seeds reach
+0.9, the plateau-escape step, the largest pre-clip gradient norm and the final exact val loss; and,
+for every arm after the first, the two-sided Mann-Whitney p of those three endpoints against the first.
+"""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from configurator import fail  # noqa: E402
+from stats import med_range, rank_test  # noqa: E402
+
+
+def load(arg):
+    """'name=model:a.json,b.json@1,2' -> (name, {seed: run row}, the longest test length)."""
+    if '=' not in arg or ':' not in arg:
+        fail(f"{arg!r}: expected NAME=MODEL:RESULTS.json[,RESULTS.json...][@SEEDS]")
+    name, rest = arg.split('=', 1)
+    model, rest = rest.split(':', 1)
+    files, _, keep = rest.partition('@')
+    rows, length = {}, None
+    for f in files.split(','):
+        if not os.path.isfile(f):
+            fail(f"{f}: no such results.json (compare.py writes one into its results_dir)")
+        d = json.load(open(f))
+        if model not in d['runs']:
+            fail(f"{f} has no runs of {model!r} (it has {', '.join(d['runs'])})")
+        length = d['lengths'][-1]
+        for r in d['runs'][model]:
+            if r['seed'] in rows:
+                fail(f"{name}: seed {r['seed']} is in more than one file; keep one with @SEEDS")
+            rows[r['seed']] = r
+    if keep:
+        want = [int(s) for s in keep.split(',')]
+        missing = [s for s in want if s not in rows]
+        if missing:
+            fail(f"{name}: seeds {missing} are in none of {files}")
+        rows = {s: rows[s] for s in want}
+    return name, rows, length
+
+
+def endpoints(rows, length):
+    split = 'test' if length is None else f'test_{length}'
+    return {'em': [r['eval'].get(f'{split}/em_exact', r['eval'].get('test/em_exact')) for r in rows.values()],
+            'escape': [r['escape'] for r in rows.values()],
+            'grad_max': [r['curve']['grad_max'] for r in rows.values()],
+            'val_loss': [r['eval']['val/loss_exact'] for r in rows.values()]}
+
+
+if __name__ == '__main__':
+    if len(sys.argv) < 2:
+        fail(__doc__.strip().split('\n\n')[1])
+    arms = [load(a) for a in sys.argv[1:]]
+    base = None
+    for name, rows, length in arms:
+        e = endpoints(rows, length)
+        em, esc, g, v = (med_range(e[k]) for k in ('em', 'escape', 'grad_max', 'val_loss'))
+        line = (f"{name}: seeds {','.join(map(str, rows))}; EM@{length} {em[0]:.2f} [{em[1]:.2f}, {em[2]:.2f}], "
+                f"{sum(x >= 0.9 for x in e['em'])}/{len(rows)} >= 0.9; escape {esc[0]:g} [{esc[1]:g}, {esc[2]:g}]; "
+                f"largest grad norm {g[0]:.0e} [{g[1]:.0e}, {g[2]:.0e}]; val loss {v[0]:.4f} [{v[1]:.4f}, {v[2]:.4f}]")
+        if base is not None:
+            line += '; p vs {} (escape, grad norm, val loss): {}'.format(
+                base[0], ', '.join(f"{rank_test(e[k], base[1][k]):.3g}" for k in ('escape', 'grad_max', 'val_loss')))
+        else:
+            base = (name, e)
+        print(line)
