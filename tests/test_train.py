@@ -128,7 +128,7 @@ def test_compile_matches_eager(data, tmp_path):
 def test_smoke_config_t2mlr_small_and_eval(data, tmp_path):
     p = run([os.path.join(ROOT, 'config', 't2mlr_small.py'), f'--data_root={data}', '--dataset=s5_Z2',
              f'--out_dir={tmp_path}/out', '--max_iters=2', '--eval_interval=2', '--eval_iters=1', '--log_interval=1',
-             '--eval_exact_iters=1', '--eval_examples=8', '--n_subsets=4'], tmp_path)  # S=32 needs rows of 32
+             '--eval_exact_iters=1', '--eval_examples=8', '--n_iter=4'], tmp_path)  # D=32 passes: slow in a test
     assert 'iter 2:' in p.stdout and 'gap' in p.stdout and 'em' in p.stdout
     assert os.path.isfile(tmp_path / 'out' / 'ckpt.pt')
     lines = open(tmp_path / 'out' / 'log.jsonl').read().splitlines()
