@@ -22,20 +22,22 @@ from stats import med_range, rank_test  # noqa: E402
 
 
 def load(arg):
-    """'name=model:a.json,b.json@1,2' -> (name, {seed: run row}, the longest test length)."""
+    """'name=model:a.json,b.json@1,2' -> (name, {seed: run row}, the longest test length, its split)."""
     if '=' not in arg or ':' not in arg:
         fail(f"{arg!r}: expected NAME=MODEL:RESULTS.json[,RESULTS.json...][@SEEDS]")
     name, rest = arg.split('=', 1)
     model, rest = rest.split(':', 1)
     files, _, keep = rest.partition('@')
-    rows, length = {}, None
+    rows, lengths = {}, None
     for f in files.split(','):
         if not os.path.isfile(f):
             fail(f"{f}: no such results.json (compare.py writes one into its results_dir)")
         d = json.load(open(f))
         if model not in d['runs']:
             fail(f"{f} has no runs of {model!r} (it has {', '.join(d['runs'])})")
-        length = d['lengths'][-1]
+        if lengths not in (None, d['lengths']):
+            fail(f"{f} tests lengths {d['lengths']}, an earlier file {lengths}: pool runs of one task only")
+        lengths = d['lengths']
         for r in d['runs'][model]:
             if r['seed'] in rows:
                 fail(f"{name}: seed {r['seed']} is in more than one file; keep one with @SEEDS")
@@ -46,12 +48,12 @@ def load(arg):
         if missing:
             fail(f"{name}: seeds {missing} are in none of {files}")
         rows = {s: rows[s] for s in want}
-    return name, rows, length
+    # compare.py names the split at the training length 'test', the longer ones 'test_<length>'
+    return name, rows, lengths[-1], 'test' if len(lengths) == 1 else f'test_{lengths[-1]}'
 
 
-def endpoints(rows, length):
-    split = 'test' if length is None else f'test_{length}'
-    return {'em': [r['eval'].get(f'{split}/em_exact', r['eval'].get('test/em_exact')) for r in rows.values()],
+def endpoints(rows, split):
+    return {'em': [r['eval'][f'{split}/em_exact'] for r in rows.values()],
             'escape': [r['escape'] for r in rows.values()],
             'grad_max': [r['curve']['grad_max'] for r in rows.values()],
             'val_loss': [r['eval']['val/loss_exact'] for r in rows.values()]}
@@ -62,8 +64,8 @@ if __name__ == '__main__':
         fail(__doc__.strip().split('\n\n')[1])
     arms = [load(a) for a in sys.argv[1:]]
     base = None
-    for name, rows, length in arms:
-        e = endpoints(rows, length)
+    for name, rows, length, split in arms:
+        e = endpoints(rows, split)
         em, esc, g, v = (med_range(e[k]) for k in ('em', 'escape', 'grad_max', 'val_loss'))
         line = (f"{name}: seeds {','.join(map(str, rows))}; EM@{length} {em[0]:.2f} [{em[1]:.2f}, {em[2]:.2f}], "
                 f"{sum(x >= 0.9 for x in e['em'])}/{len(rows)} >= 0.9; escape {esc[0]:g} [{esc[1]:g}, {esc[2]:g}]; "
