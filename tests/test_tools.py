@@ -60,18 +60,26 @@ def test_chain_bursts_rejects_lrt(tmp_path):
 def test_pairs(tmp_path):
     # tools/pairs.py: medians and the rank test of two arms from a text.json; /zero picks the mode;
     # an unknown arm or mode is a one-line error
-    runs = {'a': [{'test': {'bits': {'exact': 2.0 + s, 'zero': 1.0 + s}}} for s in (0.01, 0.02, 0.03)],
-            'b': [{'test': {'bits': {'exact': 3.0 + s}}} for s in (0.01, 0.02, 0.03)]}
-    path = tmp_path / 'text.json'
+    # several files pool each model's seeds (a seed in two files must be the same run)
+    runs = {'a': [{'seed': k, 'test': {'bits': {'exact': 2.0 + s, 'zero': 1.0 + s}}} for k, s in ((1, 0.01), (2, 0.02), (3, 0.03))],
+            'b': [{'seed': k, 'test': {'bits': {'exact': 3.0 + s}}} for k, s in ((1, 0.01), (2, 0.02), (3, 0.03))]}
+    path, part, clash = tmp_path / 'text.json', tmp_path / 'part.json', tmp_path / 'clash.json'
     path.write_text(json.dumps({'runs': runs}))
+    part.write_text(json.dumps({'runs': {'a': runs['a'][:1], 'b': runs['b'][1:]}}))
+    clash.write_text(json.dumps({'runs': {'b': [{'seed': 2, 'test': {'bits': {'exact': 9.0}}}]}}))
     tool = os.path.join(REPO, 'tools', 'pairs.py')
-    r = subprocess.run([sys.executable, tool, str(path), 'a:b', 'a/zero:a'], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    rows = [l for l in r.stdout.splitlines() if l.startswith('| a')]
-    assert '2.020 [2.010, 2.030]' in rows[0] and '-1.000' in rows[0] and rows[0].endswith('| 0.10 |')
-    assert '1.020 [1.010, 1.030]' in rows[1] and rows[1].endswith('| 0.10 |')
-    for bad, msg in [('a:c', "no model 'c'"), ('b/zero:a', "no 'zero' bits"), ('ab', 'expected A:B')]:
-        r = subprocess.run([sys.executable, tool, str(path), bad], capture_output=True, text=True, timeout=60)
+    for paths in (str(path), f'{part},{path}'):
+        r = subprocess.run([sys.executable, tool, paths, 'a:b', 'a/zero:a'], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        rows = [l for l in r.stdout.splitlines() if l.startswith('| a')]
+        assert '2.020 [2.010, 2.030]' in rows[0] and '-1.000' in rows[0] and rows[0].endswith('| 0.10 |')
+        assert '1.020 [1.010, 1.030]' in rows[1] and rows[1].endswith('| 0.10 |')
+    r = subprocess.run([sys.executable, tool, str(part), 'a:b'], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and '2.010 [2.010, 2.010]' in r.stdout and '3.025 [3.020, 3.030]' in r.stdout
+    for paths, bad, msg in [(path, 'a:c', "no model 'c'"), (path, 'b/zero:a', "no 'zero' bits"), (path, 'ab', 'expected A:B'),
+                            (f'{path},{clash}', 'a:b', 'b seed 2 is in two files with different bits'),
+                            (f'{path},{tmp_path / "none.json"}', 'a:b', 'no such text.json')]:
+        r = subprocess.run([sys.executable, tool, str(paths), bad], capture_output=True, text=True, timeout=60)
         assert r.returncode != 0 and msg in r.stderr and 'Traceback' not in r.stderr
 
 

@@ -4,6 +4,11 @@ run's test bits per character under each mode); this prints, per pair of arms, t
 [min, max] of each and the two-sided exact Mann-Whitney p (stats.rank_test) on those bits.
 
 $ python tools/pairs.py docs/ablations/stdlib6/text.json ab6_t2mlr_mid:ab6_t2mlr_full ab6_lrt_nomem/zero:ab6_plain
+$ python tools/pairs.py a/text.json,b/text.json ab6_lrt_exact:ab6_lrt
+
+Several files (comma-separated) pool each model's seeds: runs made in different sessions, with
+the same arithmetic. A seed found in two files must be the same run (the same bits), else it is
+an error.
 
 An arm is a model name, optionally /mode (exact, approx or zero; default exact): the control
 ab6_lrt_nomem is judged by its zero-state bits, the memory it was trained with.
@@ -28,8 +33,24 @@ def bits(runs, arm):
     return got
 
 
-def main(path, pairs):
-    runs = json.load(open(path))['runs']
+def pool(paths):
+    """{model: [run, ...]} over the text.json files in paths, one run per (model, seed)."""
+    runs = {}
+    for path in paths.split(','):
+        if not os.path.isfile(path):
+            sys.exit(f"{path}: no such text.json (compare.py writes one into its results_dir)")
+        for name, rs in json.load(open(path))['runs'].items():
+            have = {r['seed']: r for r in runs.setdefault(name, [])}
+            for r in rs:
+                if r['seed'] not in have:
+                    runs[name].append(r)
+                elif have[r['seed']]['test']['bits'] != r['test']['bits']:
+                    sys.exit(f"{name} seed {r['seed']} is in two files with different bits: not the same run")
+    return runs
+
+
+def main(paths, pairs):
+    runs = pool(paths)
     print('| A | B | A: bits/char | B: bits/char | A - B (medians) | p (rank test) |')
     print('|---|---|---|---|---|---|')
     for pair in pairs:
