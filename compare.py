@@ -673,7 +673,7 @@ note = (f"\n\n{dataset}, trained on length {lengths[0]} rows (every prefix is a 
         f"p: two-sided exact Mann-Whitney U test against {names[0]}. {provenance()}.\n")
 os.makedirs(rd, exist_ok=True)
 open(os.path.join(rd, 'results.md'), 'w').write(table + note)
-json.dump({'dataset': dataset, 'max_iters': max_iters, 'seeds': seed_list, 'lengths': lengths,
+json.dump({'dataset': dataset, 'max_iters': max_iters, 'seeds': seed_list, 'lengths': lengths, 'splits': splits,
            'summary': summary, 'runs': results}, open(os.path.join(rd, 'results.json'), 'w'), indent=1)
 print(table + note)
 

@@ -157,3 +157,15 @@ def test_pool(tmp_path):
                       (['x=new:' + str(tmp_path / 'nope.json')], 'no such results.json'), (['new'], 'expected NAME=MODEL')):
         r = pool(*args)
         assert r.returncode != 0 and msg in r.stderr and 'Traceback' not in r.stderr, (args, r.stderr)
+    # a task whose splits are not named by length (varassign: by depth) is read by compare.py's split
+    # names; a file without them whose splits are not named by length is refused
+    json.dump({'lengths': [70, 94], 'splits': ['test', 'test_6'], 'runs': {'va': [
+        {'seed': 1, 'escape': 9, 'curve': {'grad_max': 5.0}, 'eval': {'test_6/em_exact': 0.4, 'val/loss_exact': 1.0}}]}},
+        open(tmp_path / 'd.json', 'w'))
+    r = pool(f'va=va:{tmp_path / "d.json"}')
+    assert r.returncode == 0 and 'EM@94 0.40 [0.40, 0.40], 0/1' in r.stdout, r.stderr
+    d = json.load(open(tmp_path / 'd.json'))
+    del d['splits']
+    json.dump(d, open(tmp_path / 'e.json', 'w'))
+    r = pool(f'va=va:{tmp_path / "e.json"}')
+    assert r.returncode != 0 and "no split 'test_94'" in r.stderr and 'Traceback' not in r.stderr

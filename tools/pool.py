@@ -28,7 +28,7 @@ def load(arg):
     name, rest = arg.split('=', 1)
     model, rest = rest.split(':', 1)
     files, _, keep = rest.partition('@')
-    rows, lengths = {}, None
+    rows, lengths, split = {}, None, None
     for f in files.split(','):
         if not os.path.isfile(f):
             fail(f"{f}: no such results.json (compare.py writes one into its results_dir)")
@@ -37,7 +37,7 @@ def load(arg):
             fail(f"{f} has no runs of {model!r} (it has {', '.join(d['runs'])})")
         if lengths not in (None, d['lengths']):
             fail(f"{f} tests lengths {d['lengths']}, an earlier file {lengths}: pool runs of one task only")
-        lengths = d['lengths']
+        lengths, split = d['lengths'], longest_split(f, d)
         for r in d['runs'][model]:
             if r['seed'] in rows:
                 fail(f"{name}: seed {r['seed']} is in more than one file; keep one with @SEEDS")
@@ -48,8 +48,19 @@ def load(arg):
         if missing:
             fail(f"{name}: seeds {missing} are in none of {files}")
         rows = {s: rows[s] for s in want}
-    # compare.py names the split at the training length 'test', the longer ones 'test_<length>'
-    return name, rows, lengths[-1], 'test' if len(lengths) == 1 else f'test_{lengths[-1]}'
+    return name, rows, lengths[-1], split
+
+
+def longest_split(f, d):
+    """The name of the longest test split: compare.py lists the splits in order of length. Files
+    written before it did are of the s5 tasks, whose splits are named by length ('test' at the
+    training length, 'test_<length>' beyond); any other name is refused, not guessed."""
+    if 'splits' in d:
+        return d['splits'][-1]
+    split = 'test' if len(d['lengths']) == 1 else f"test_{d['lengths'][-1]}"
+    if any(f'{split}/em_exact' not in r['eval'] for rs in d['runs'].values() for r in rs):
+        fail(f"{f} lists no split names and has no split {split!r}: rerun its compare.py command to rewrite it")
+    return split
 
 
 def endpoints(rows, split):
