@@ -181,12 +181,13 @@ placement = {
 block_size = max(seq_len, prefill_len, prompt_len + max(gen_lens))
 
 
-def make_model(rec):
+def make_model(rec, jacobi_init='plain'):
     torch.manual_seed(seed)  # identical backbone weights in every variant
     s, e = placement[rec]
     try:
         cfg = GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head,
-                        n_kv_head=n_kv_head, n_embd=n_embd, recurrence=rec, rec_start=s, rec_end=e)
+                        n_kv_head=n_kv_head, n_embd=n_embd, recurrence=rec, rec_start=s, rec_end=e,
+                        jacobi_init=jacobi_init)
     except ValueError as err:
         fail(str(err))
     return GPT(cfg).to(device)
@@ -285,9 +286,10 @@ if memory_only:  # section 4 alone
 # -----------------------------------------------------------------------------
 # 1. training step: forward(mode) + backward + AdamW, same batch for every variant
 
-TRAIN = [  # (name, recurrence, mode, activation checkpointing)
+TRAIN = [  # (name, recurrence, mode, activation checkpointing[, Jacobi's first guess])
     ('plain', 'none', 'plain', False),
     ('t2mlr+jacobi', 't2mlr', 'jacobi', False),
+    ('t2mlr+jacobi-exact', 't2mlr', 'jacobi', False, 'exact'),  # exact states, then the B iterations
     ('lrt+interleaved', 'lrt', 'interleaved', False),
     ('t2mlr+interleaved', 't2mlr', 'interleaved', False),
     ('lrt+jacobi', 'lrt', 'jacobi', False),
@@ -299,8 +301,8 @@ data = torch.randint(0, vocab_size, (batch_size, seq_len + 1), generator=g).to(d
 X, Y = data[:, :-1].contiguous(), data[:, 1:].contiguous()
 kw = dict(n_iter=D, n_grad=B, n_subsets=S)
 variants = []
-for name, rec, mode, rc in TRAIN:
-    m = make_model(rec).train()
+for name, rec, mode, rc, *init in TRAIN:
+    m = make_model(rec, *init).train()
     groups = m.param_groups(weight_decay)
     for grp in groups:
         grp['lr'] = learning_rate * grp['lr_mult']
@@ -616,8 +618,8 @@ if profile:
     from torch.profiler import profile as tprofile, ProfilerActivity
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_type == 'cuda' else [])
     sort = 'self_device_time_total' if device_type == 'cuda' else 'self_cpu_time_total'
-    for name, rec, mode, rc in TRAIN:
-        m = make_model(rec).train()
+    for name, rec, mode, rc, *init in TRAIN:
+        m = make_model(rec, *init).train()
         with ctx:
             m(X, Y, mode=mode, **kw)[1].backward()  # warm-up
         with tprofile(activities=acts) as prof:

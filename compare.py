@@ -75,16 +75,16 @@ signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 # T2_JACOBI: T2MLR as every table before docs/recipe.md trained it (Jacobi D=8, B=4, the recurrent
 # gate closed at init, full attention); spelled out, so that those arms keep meaning what they
 # measured now that config/t2mlr_small.py carries the recipe
-T2_JACOBI = ['config/t2mlr_small.py', '--train_mode=jacobi', '--n_iter=8', '--n_grad=4', '--attn_window=0', '--rec_gate_init=0.0',
-             '--gate_lr_mult=1.0']
+T2_JACOBI = ['config/t2mlr_small.py', '--train_mode=jacobi', '--jacobi_init=plain', '--n_iter=8', '--n_grad=4', '--attn_window=0',
+             '--rec_gate_init=0.0', '--gate_lr_mult=1.0']
 # T2_EXACT: the recipe before it took the one-step gradient (interleaved S = T = 32: exact states, the
 # gradient through the whole chain, the init pass in the loss), which the arms below built on
 T2_EXACT = ['config/t2mlr_small.py', '--train_mode=interleaved', '--n_subsets=32']
 MODELS = {
     'plain': ['config/plain_small.py'],
-    # the recipe (docs/recipe.md): all 4 layers on exact states with a one-step gradient (Jacobi D = 32
-    # = T, B = 1), a 32-token window, the scalar gates at a tenth of the learning rate (the same run as
-    # t2mlr_j32b1). For S3, the recurrent gate open at init and trained exactly (interleaved S = 32):
+    # the recipe (docs/recipe.md): all 4 layers on exact states (computed token by token without
+    # gradient) with a one-step gradient (one Jacobi iteration and the final pass: Jacobi D = 32 = T, B = 1's
+    # states and gradient, t2mlr_j32b1), a 32-token window, the scalar gates at a tenth of the learning rate. For S3, the recurrent gate open at init and trained exactly (interleaved S = 32):
     # config/s3_t2mlr.py, the same run as t2mlr_full_w32_S32_gate1
     't2mlr': ['config/t2mlr_small.py'],
     't2mlr_gate1': [*T2_EXACT, '--rec_gate_init=1.0', '--gate_lr_mult=1.0'],
@@ -107,7 +107,7 @@ MODELS = {
     # true state, as S = 32 gives) and B = 1 (the gradient through the last iteration and the final pass,
     # not the 32-step chain whose bursts throw runs back), and no init pass in the loss. LRT on S3 under this scheme
     # escapes earlier than under its exact one and never sees a large gradient (docs/recipe.md)
-    't2mlr_j32b1': ['config/t2mlr_small.py', '--train_mode=jacobi', '--n_iter=32', '--n_grad=1'],  # = t2mlr, adopted
+    't2mlr_j32b1': ['config/t2mlr_small.py', '--jacobi_init=plain', '--n_iter=32'],  # the same, iterated to the exact states
     # the recipe with the exact recurrence's loss alone: the init pass (zero memory) out of the mean.
     # Its loss cannot fall below the no-state optimum, so after the solution its gradient is all there
     # is (1e-2 against 1e-8) and AdamW follows it at the full learning rate (docs/recipe.md). Screened

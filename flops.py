@@ -33,10 +33,11 @@ def lstm_flops(c):
     return c.n_layer * 2 * 4 * (2 * c.n_embd) * c.n_embd + 2 * c.n_embd * c.padded_vocab
 
 
-def flops_per_token(c, T, mode='plain', n_iter=8, n_grad=4, n_subsets=2, train=True, n_rounds=1, block_len=1):
+def flops_per_token(c, T, mode='plain', n_iter=8, n_grad=4, n_subsets=2, train=True, n_rounds=1, block_len=1, tol=None):
     """c: a GPTConfig (or an LSTMConfig). FLOPs per token of one step over sequences of T tokens: the forward, plus
-    with train the backward at 2x the forward of every pass that carries gradient. (block_len:
-    taken so that a scheme dict passes whole; block training's cost does not depend on it.)"""
+    with train the backward at 2x the forward of every pass that carries gradient. (block_len, tol:
+    taken so that a scheme dict passes whole; block training's cost does not depend on the first; with
+    the second Jacobi stops early, so this is its most: bench.py measures what a run takes.)"""
     if getattr(c, 'arch', 'gpt') == 'lstm':  # the baseline: one forward, whatever the mode
         return lstm_flops(c) * (3 if train else 1)
     L, lf, hf = c.n_layer, layer_flops(c, T), 2 * c.n_embd * c.padded_vocab
@@ -53,6 +54,8 @@ def flops_per_token(c, T, mode='plain', n_iter=8, n_grad=4, n_subsets=2, train=T
             # D+1 span passes, B+1 of them with gradient; a 'plain' initial pass fuses nothing
             plain = c.jacobi_init == 'plain'
             fwd = (below + (n_iter + 1) * span + above) * lf + hf + (n_iter + 1 - plain) * rec
+            if c.jacobi_init == 'exact':  # the exact loop without the head, then B iterations and the final pass
+                fwd = L * lf + rec + (below + (n_grad + 1) * span + above) * lf + hf + (n_grad + 1) * rec
             bwd = (below + (n_grad + 1) * span + above) * lf + hf + (n_grad + 1 - (plain and n_grad == n_iter)) * rec
         elif mode == 'interleaved':
             # init pass over everything, then R rounds of S subsets of T/S tokens through blocks s..L-1

@@ -56,7 +56,7 @@ class GPTConfig:
     rec_residual_detach: bool = False  # m_t = h^(e)_t + sg(R_{t-1}): no gradient through the residual (official option)
     rec_scale_min: float = 0.2  # the bounds of the state's RMS scale, clamp(1/rms(m_t), min, max) (official: 1/5, 5)
     rec_scale_max: float = 5.0
-    jacobi_init: str = 'plain'  # Jacobi's first span pass (DESIGN.md 6): 'plain' (no fusion, as official) or 'zero'
+    jacobi_init: str = 'plain'  # Jacobi's first guess (DESIGN.md 6): 'plain' (no fusion, as official), 'zero' or 'exact'
     # LRT options (DESIGN.md 4)
     lrt_inject: str = 'both'    # 'kv' | 'residual' | 'both'
     lrt_shared: bool = True     # one W_fb_k/W_fb_v pair for all layers (else one per layer)
@@ -442,11 +442,12 @@ class GPT(nn.Module):
     # forward passes
 
     def forward(self, idx, targets=None, mode='exact', n_iter=8, n_grad=4, n_subsets=2, rec_mask=None, n_rounds=1,
-                recompute=False, block_len=1, init_loss=True):
+                recompute=False, block_len=1, init_loss=True, tol=None):
         """idx, targets: (B, T) token ids (targets -1 = no loss). Returns (logits (B, T, V), loss).
         mode: 'plain'        the backbone alone, recurrence bypassed
               'exact'        the exact sequential recurrence (what generation computes)
-              'jacobi'       Jacobi iterations (D = n_iter, gradient through the last n_grad)
+              'jacobi'       Jacobi iterations (D = n_iter, gradient through the last n_grad; tol: stop
+                             early at the fixed point, self.passes the span passes it took)
               'interleaved'  n_subsets strided subsets refined in order, n_rounds times
               'block'        chunks of block_len tokens in order, the state crossing chunk boundaries only
               'zero'         the exact forward with every position reading an all-zero state
@@ -463,7 +464,7 @@ class GPT(nn.Module):
             C = block_len if mode == 'block' else 1
             x, _, _ = self._exact(idx, KVCache(self.config.n_layer, T), rec_mask, mode == 'zero', C)
         elif mode == 'jacobi':
-            x = self._jacobi(idx, n_iter, n_grad, None, rec_mask, recompute)[0]
+            x, _, _, self.passes = self._jacobi(idx, n_iter, n_grad, None, rec_mask, recompute, tol)
         else:
             return self.forward_interleaved(idx, targets, n_subsets, rec_mask, n_rounds, recompute, init_loss)
         return self._logits_loss(x, targets)
@@ -504,10 +505,13 @@ class GPT(nn.Module):
     def _jacobi(self, idx, n_iter, n_grad, cache=None, rec_mask=None, recompute=False, tol=None):
         """Jacobi fixed-point iterations over the span (DESIGN.md 6), as the official code runs
         them (D = n_iter): 1. an initial pass, the span without the state ('plain': each token
-        hands on its raw h^(e)) or on the zero state ('zero'); 2. D-1 iterations: fuse the shifted
+        hands on its raw h^(e)) or on the zero state ('zero'), or the exact recurrence token by
+        token without gradient ('exact': the fixed point, so only the iterations with gradient
+        run: the same states and gradient as D >= T, at the price of one exact loop); 2. D-1 iterations: fuse the shifted
         states, run the span, new states; the last n_grad carry gradient; 3. a final pass.
-        The span runs D+1 times. Exact after it: positions 0..D-1 ('plain'), 0..D ('zero'). tol
-        (prefill): stop once no state moves by more than tol. -> (x_out, state_in, h_e, passes)."""
+        The span runs D+1 times. Exact after it: positions 0..D-1 ('plain'), 0..D ('zero'). tol:
+        stop iterating once no state moves by more than tol (training: then run the n_grad iterations
+        with gradient). -> (x_out, state_in, h_e, passes: how many times the span ran)."""
         (B, T), D, grad = idx.shape, n_iter, torch.is_grad_enabled()
 
         def span(st, state_in=None):  # one pass of the span over the whole sequence, reading states st
@@ -519,23 +523,30 @@ class GPT(nn.Module):
         x = self.run_blocks(self.drop(self.wte(idx)), 0, self.s - 1, range(T), None, cache)
         # 1. initial pass; it carries gradient only when every pass does (n_grad = D)
         with torch.set_grad_enabled(grad and n_grad >= D):
-            if self.config.jacobi_init == 'plain':
+            if self.config.jacobi_init == 'exact':  # the fixed point itself, token by token (no gradient)
+                with torch.no_grad():
+                    state_in = self._exact(idx, KVCache(self.config.n_layer, T), rec_mask)[1]
+            elif self.config.jacobi_init == 'plain':
                 h = self.run_blocks(x, self.s, self.e, range(T), None, cache)
                 plain = torch.zeros(B, T, dtype=torch.bool, device=idx.device)
                 state_in = self.shift_states(self.next_state(h, None, plain), idx, rec_mask)
             else:
                 zero = x.new_zeros(B, T, self.config.n_embd)
                 state_in = self.shift_states(self.next_state(span(zero), zero, rec_mask), idx, rec_mask)
-        # 2. D-1 iterations; iteration d has D-1-d left and carries gradient when that is <= n_grad
-        passes = D + 1
-        for d in range(D - 1):
-            with torch.set_grad_enabled(grad and D - 1 - d <= n_grad):
+        # 2. D-1 iterations; iteration d has D-1-d left and carries gradient when that is <= n_grad.
+        # tol: once an iteration without gradient moves no state by more than tol, the states are the
+        # fixed point (the exact recurrence's): skip to the n_grad iterations with gradient
+        d, passes = 0, 2
+        if self.config.jacobi_init == 'exact':  # already there: only the iterations with gradient run
+            d = max(0, D - 1 - (n_grad if grad else 0))
+        while d < D - 1:
+            with_grad = grad and D - 1 - d <= n_grad
+            with torch.set_grad_enabled(with_grad):
                 new = self.shift_states(self.next_state(span(state_in), state_in, rec_mask), idx, rec_mask)
-            converged = tol is not None and (new - state_in).abs().max().item() <= tol
-            state_in = new
-            if converged:  # a fixed point: more iterations change nothing
-                passes = d + 3
-                break
+            converged = tol is not None and not with_grad and (new - state_in).abs().max().item() <= tol
+            state_in, d, passes = new, d + 1, passes + 1
+            if converged:
+                d = max(d, D - 1 - (n_grad if grad else 0))
         # 3. final pass: the span, then the layers above, with the state it read
         read = self.read(state_in, rec_mask)  # one StateIn for the span and the layers above
         h = span(state_in, read)

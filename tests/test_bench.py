@@ -66,7 +66,7 @@ def test_json_last_line_and_out_file(quick):
 def test_training_figures(quick):
     res, _, _ = quick
     rows = {r['name']: r for r in res['train']}
-    assert set(rows) == {'plain', 't2mlr+jacobi', 'lrt+interleaved', 't2mlr+interleaved', 'lrt+jacobi',
+    assert set(rows) == {'plain', 't2mlr+jacobi', 't2mlr+jacobi-exact', 'lrt+interleaved', 't2mlr+interleaved', 'lrt+jacobi',
                          't2mlr+jacobi+rc', 'lrt+interleaved+rc'}
     for name, r in rows.items():
         for k in ('step_ms', 'step_ms_min', 'step_ms_max', 'tokens_per_s', 'ratio', 'flop_ratio', 'ratio_over_flops',

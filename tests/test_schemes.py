@@ -167,6 +167,20 @@ def test_block_flops_hand_count():
         assert flops_per_token(c, T, 'block', block_len=C) == 3 * fwd == flops_per_token(c, T, 'exact')
 
 
+def test_jacobi_exact_init_flops_hand_count():
+    # jacobi_init='exact': the exact loop (every layer once, no head), then the span B+1 times with the
+    # layers outside it and the head, forward; backward over the B+1 span passes with gradient
+    from flops import flops_per_token
+    c, T = make(jacobi_init='exact', **STYLES[0]).config, 11   # span 1..2 of 0..3
+    layer = 2 * (32 * 32 + 2 * 32 * 16 + 32 * 32 + 3 * 32 * 48) + 4 * 4 * 8 * T
+    head, fusion = 2 * 32 * 23, 2 * (32 * 32 + 2 * 64 * 32)
+    for B in (0, 1, 3):
+        passes = 2 + (B + 1) * 2  # below and above once, the span B+1 times
+        fwd = (4 * layer + fusion) + passes * layer + head + (B + 1) * fusion
+        bwd = passes * layer + head + (B + 1) * fusion
+        assert flops_per_token(c, T, 'jacobi', n_iter=8, n_grad=B) == fwd + 2 * bwd
+
+
 def grads(model):
     return {n: (p.grad.clone() if p.grad is not None else None) for n, p in model.named_parameters()}
 
@@ -258,6 +272,55 @@ def test_jacobi_is_the_official_schedule(kw, init, detach, B):
             assert g_model[n] is None or g_model[n].abs().max() == 0, n
         else:
             torch.testing.assert_close(g_model[n], g, rtol=0, atol=1e-10, msg=n)
+
+
+def jacobi_against(m, D_ref, B, **kw):
+    """forward(mode='jacobi', **kw)'s loss and gradients against the official schedule's at depth
+    D_ref with B, both with a prompt (rec_mask) in two rows and document resets."""
+    from model import ce_loss
+    idx, tgt = doc_tokens(B=3, T=9), tokens(B=3, T=9, seed=3)
+    mask = torch.ones_like(idx, dtype=torch.bool)
+    mask[0, :3] = False
+    mask[1, :5] = False
+    m.zero_grad()
+    loss = m(idx, tgt, mode='jacobi', n_grad=B, rec_mask=mask, **kw)[1]
+    loss.backward()
+    g_model = grads(m)
+    m.zero_grad()
+    init = m.config.jacobi_init
+    m.config.jacobi_init = 'plain' if init == 'exact' else init  # the reference's own first guess
+    ref = ce_loss(official_jacobi(m, idx, D_ref, B, mask), tgt)
+    m.config.jacobi_init = init
+    ref.backward()
+    torch.testing.assert_close(loss, ref, **TOL)
+    for n, g in grads(m).items():
+        if g is None:
+            assert g_model[n] is None or g_model[n].abs().max() == 0, n
+        else:
+            torch.testing.assert_close(g_model[n], g, rtol=0, atol=1e-10, msg=n)
+
+
+@pytest.mark.parametrize('kw', SCHEME_STYLES, ids=SCHEME_IDS)
+@pytest.mark.parametrize('B', [0, 1, 2])
+def test_jacobi_exact_init_is_jacobi_at_full_depth(kw, B):
+    # jacobi_init='exact' starts from the exact recurrence's states, the fixed point: its loss and
+    # gradients are the official schedule's at D = T (exact everywhere, 'plain' init), whatever n_iter
+    m = make(reset_token=0, jacobi_init='exact', **kw).train()
+    for D in (B + 1, 5):
+        jacobi_against(m, 9, B, n_iter=D)
+        assert m.passes == 2 + B  # the exact loop, B iterations with gradient, the final pass
+
+
+@pytest.mark.parametrize('kw', [STYLES[0], STYLES[3]], ids=['t2mlr', 'lrt'])
+@pytest.mark.parametrize('B', [0, 2])
+def test_jacobi_tol_skips_to_the_iterations_with_gradient(kw, B):
+    # once an iteration without gradient moves no state by more than tol, the rest without gradient
+    # are skipped: tol = inf stops after the first, which is the schedule of depth B + 2
+    m = make(reset_token=0, **kw).train()
+    jacobi_against(m, B + 2, B, n_iter=7, tol=float('inf'))
+    assert m.passes == B + 3
+    jacobi_against(m, 7, B, n_iter=7, tol=0.0)  # a random span moves its states every iteration
+    assert m.passes == 8
 
 
 @pytest.mark.parametrize('kw', [STYLES[0], STYLES[3]], ids=['t2mlr', 'lrt'])
