@@ -177,6 +177,11 @@ MODELS = {
     'lstm_lr1e2': ['config/s3_lstm.py', '--learning_rate=1e-2', '--min_lr=1e-3'],
     # the lookup control (prepare.py assoc): its dictionary opens the row, so the S_3 recipes without the window
     's3_t2mlr_w0': ['config/s3_t2mlr.py', '--attn_window=0'],
+    # what decides the lookup (docs/ablations.md): config/assoc_plain.py's learning rate, and NoPE
+    'assoc_plain': ['config/assoc_plain.py'],
+    'assoc_plain_lr2e3': ['config/assoc_plain.py', '--learning_rate=2e-3', '--min_lr=2e-4'],
+    'assoc_plain_lr5e4': ['config/assoc_plain.py', '--learning_rate=5e-4', '--min_lr=5e-5'],
+    'assoc_plain_nope': ['config/assoc_plain.py', '--rope=False'],
     'lrt_S32': ['config/lrt_small.py', '--n_subsets=32'],
     # language modelling on prepare.py stdlib_char: the same backbone, three models (docs/text.md)
     'stdlib_plain': ['config/stdlib_plain.py'],
