@@ -645,6 +645,7 @@ for name in names:
     summary[name]['escape'] = med_range([r['escape'] for r in rows])
     summary[name]['escaped'] = sum(r['escape'] <= max_iters for r in rows)
     summary[name]['spikes'] = med_range([r['spikes'] for r in rows])
+    summary[name]['collapsed'] = sum(r['collapses'] > 0 for r in rows)  # runs thrown back onto the plateau
     summary[name]['val_loss'] = med_range([r['eval']['val/loss_exact'] for r in rows])
     summary[name]['grad_max'] = med_range([r['curve']['grad_max'] for r in rows])  # the exploding chain (recipe.md)
     if name != names[0]:  # against the first model (the baseline arm), on the continuous endpoints
@@ -656,14 +657,15 @@ for name in names:
 
 # markdown table: exact-recurrence exact match at each length, then the approximation gap
 head = (['model'] + [f'EM@{L} (exact)' for L in lengths] + [f'acc@{lengths[-1]} (exact)', f'EM@{lengths[0]} (train approx)']
-        + [f'seeds EM@{lengths[-1]} >= {target:g}', f'escape step (loss < {escape_at:g})', 'spikes', 'val loss (exact)',
+        + [f'seeds EM@{lengths[-1]} >= {target:g}', f'escape step (loss < {escape_at:g})', 'spikes', 'runs thrown back', 'val loss (exact)',
            'largest grad norm', f'p vs {names[0]} (escape, val loss, grad norm)', 'time/run (s)'])
 lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
 for name in names:
     s = summary[name]
     cells = [name] + [fmt(s[f'em_exact@{L}']) for L in lengths] + [fmt(s[f'acc_exact@{lengths[-1]}']),
              fmt(s[f'em_approx@{lengths[0]}']), f"{s[f'solved@{lengths[-1]}']}/{len(seed_list)}",
-             f"{fmt(s['escape'], 0)} ({s['escaped']}/{len(seed_list)} left)", fmt(s['spikes'], 0), fmt(s['val_loss'], 3),
+             f"{fmt(s['escape'], 0)} ({s['escaped']}/{len(seed_list)} left)", fmt(s['spikes'], 0),
+             f"{s['collapsed']}/{len(seed_list)}", fmt(s['val_loss'], 3),
              '{:.0e} [{:.0e}, {:.0e}]'.format(*s['grad_max']),
              f"{s['p_escape']:.3f}, {s['p_val_loss']:.3f}, {s['p_grad_max']:.3f}" if 'p_escape' in s else '-', f"{s['seconds'][0]:.0f}"]
     lines.append('| ' + ' | '.join(cells) + ' |')
@@ -674,6 +676,7 @@ note = (f"\n\n{dataset}, trained on length {lengths[0]} rows (every prefix is a 
         f"'train approx' = the training scheme's parallel approximation on the same weights. Escape step: the first "
         f"logged step whose mean train loss over the log interval is below {escape_at:g} (never: {max_iters + 1}); "
         f"spikes: episodes of that mean more than {spike:g} nats above its running minimum after the escape; "
+        f"thrown back: runs whose mean went back to {escape_at:g} or above after the escape; "
         f"largest grad norm: the largest gradient norm before clipping of any step of the run; "
         f"p: two-sided exact Mann-Whitney U test against {names[0]}. {provenance()}.\n")
 os.makedirs(rd, exist_ok=True)

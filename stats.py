@@ -4,7 +4,7 @@ result is the median and range over seeds, k of n, and, where two arms are compa
 test on a continuous endpoint.
 
   med_range(xs)         (median, min, max)
-  endpoints(train, ...)  the plateau-escape step and the number of loss spikes of a training curve
+  endpoints(train, ...)  the plateau-escape step, the loss spikes and the collapses of a training curve
   rank_test(a, b)       the two-sided p of the Mann-Whitney U test (exact for small samples)
 """
 
@@ -23,20 +23,21 @@ def med_range(xs):
 def endpoints(train, steps, escape_at, spike):
     """The continuous endpoints of one run's training curve, train = [[step, loss], ...] (the mean
     loss of each log interval): the plateau-escape step, the first step whose loss is below
-    escape_at (steps + 1 if none: censored, which a rank test ranks last), and the number of
-    spikes after it: episodes of the loss more than `spike` above its running minimum since the
-    escape (one episode, however many logged steps it lasts, counts once)."""
-    escape, spikes, low, up = steps + 1, 0, math.inf, False
+    escape_at (steps + 1 if none: censored, which a rank test ranks last), the number of spikes
+    after it: episodes of the loss more than `spike` above its running minimum since the escape,
+    and of collapses: episodes of the loss back at escape_at or above, thrown back onto the
+    plateau (an episode, however many logged steps it lasts, counts once)."""
+    escape, spikes, collapses, low, up, back = steps + 1, 0, 0, math.inf, False, False
     for it, loss in train:
         if escape > steps and loss < escape_at:
             escape = it
         if escape > steps:
             continue
         low = min(low, loss)
-        if loss > low + spike and not up:
-            spikes += 1
-        up = loss > low + spike
-    return {'escape': escape, 'spikes': spikes}
+        spikes += loss > low + spike and not up
+        collapses += loss >= escape_at and not back
+        up, back = loss > low + spike, loss >= escape_at
+    return {'escape': escape, 'spikes': spikes, 'collapses': collapses}
 
 
 def midranks(xs):

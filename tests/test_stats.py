@@ -35,9 +35,11 @@ def test_endpoints():
     # a plateau, the escape at 300, a spike episode over two logged steps (one spike), a second one
     train = [[50, 0.69], [100, 0.68], [150, 0.6], [200, 0.5], [250, 0.3], [300, 0.15], [350, 0.05],
              [400, 0.45], [450, 0.5], [500, 0.04], [550, 0.35], [600, 0.02]]
-    assert endpoints(train, 600, 0.2, 0.25) == {'escape': 300, 'spikes': 2}
+    # both spikes go back above the escape threshold, 0.2: two collapses; above 0.4, the first only
+    assert endpoints(train, 600, 0.2, 0.25) == {'escape': 300, 'spikes': 2, 'collapses': 2}
+    assert endpoints(train, 600, 0.4, 0.25)['collapses'] == 1  # (escape at 250, at 0.3)
     # never below the threshold: censored at steps + 1, no spikes counted
-    assert endpoints(train[:5], 600, 0.2, 0.25) == {'escape': 601, 'spikes': 0}
+    assert endpoints(train[:5], 600, 0.2, 0.25) == {'escape': 601, 'spikes': 0, 'collapses': 0}
     # a rise of exactly the threshold is no spike
     assert endpoints([[10, 0.1], [20, 0.35]], 20, 0.2, 0.25)['spikes'] == 0
 
