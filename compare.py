@@ -108,6 +108,9 @@ MODELS = {
     # not the 32-step chain whose bursts throw runs back), and no init pass in the loss. LRT on S3 under this scheme
     # escapes earlier than under its exact one and never sees a large gradient (docs/recipe.md)
     't2mlr_j32b1': ['config/t2mlr_small.py', '--jacobi_init=plain', '--n_iter=32'],  # the same, iterated to the exact states
+    # the recipe with the spike guard armed once solved (train loss < 0.03): a solved model's Adam
+    # second moments are tiny, so one burst of gradient becomes a step of full size in its direction
+    't2mlr_guard_x': ['config/t2mlr_small.py', '--skip_spike=10', '--skip_spike_arm=0.03'],
     # the recipe with the exact recurrence's loss alone: the init pass (zero memory) out of the mean.
     # Its loss cannot fall below the no-state optimum, so after the solution its gradient is all there
     # is (1e-2 against 1e-8) and AdamW follows it at the full learning rate (docs/recipe.md). Screened
