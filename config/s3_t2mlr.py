@@ -2,9 +2,9 @@
 # position is the running product of the permutations so far. Trained on lengths 1..32,
 # judged with the exact recurrence at 32, 48 and 64 (docs/evidence.md, S_3).
 # Data: python prepare.py s5 --group=S3
-# The recipe of docs/recipe.md: trained exactly, as config/t2mlr_small.py (interleaved, S = T = 32,
-# the gradient through the whole chain), and the recurrent gate open at init (g_rec = 1): closed,
-# training leaves the plateau of S3 late or not at all.
+# Trained exactly (interleaved, S = T = 32: every token reads its true state, the gradient through
+# the whole chain), with the recurrent gate open at init (g_rec = 1): closed, training leaves the
+# plateau of S3 late or not at all (docs/recipe.md).
 out_dir = 'out/s3_t2mlr'
 dataset = 's5_S3'
 n_layer = 4
