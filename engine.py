@@ -107,7 +107,7 @@ class Engine:
         """GPT.forward's 'exact' and 'zero' modes with the compiled span step: train.py's evaluation.
         scheme: the training schemes' settings (n_iter, ...), which these modes do not read."""
         m = self.model
-        if m.rec == 'none' or mode not in ('exact', 'zero'):
+        if m.config.recurrence == 'none' or mode not in ('exact', 'zero'):  # (an LSTM's config says 'none' too)
             raise ValueError(f"Engine.forward runs the exact and zero modes of a recurrent model, not {mode!r}")
         cache = StaticKVCache(self.config.n_layer, idx.size(1))
         x, _, _ = m._exact(idx, cache, rec_mask, mode == 'zero', span_step=self.span_step)

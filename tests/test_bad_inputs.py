@@ -259,3 +259,45 @@ def test_compare_restarts_an_interrupted_run(world, tmp_path):
                        capture_output=True, text=True, timeout=300, env={**os.environ, 'OMP_NUM_THREADS': '1'})
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert torch.load(run_dir / 'ckpt.pt', weights_only=False)['config']['recurrence'] == 'none'
+
+# -----------------------------------------------------------------------------
+# second probe (issue 41, item 7). The LSTM through the other tools: what does not apply to it is
+# one line, what does runs
+
+
+@pytest.fixture(scope='module')
+def lstm_run(world):
+    in_process('train.py', train_args(world, world / 'lstm', '--arch=lstm', '--recurrence=none', '--train_mode=plain'),
+               world, check=True)
+    return world / 'lstm'
+
+
+def loaded(err):
+    """sample.py's stderr less its 'note: loaded the ... checkpoint' line (it comes before the checks that need the model)."""
+    return '\n'.join(line for line in err.splitlines() if not line.startswith('note: loaded'))
+
+
+@pytest.mark.parametrize('arg', ['--trace=t.png', '--prefill=jacobi', '--prefill_iters=3', '--prefill_tol=0.1',
+                                 '--attn_window=4', '--jacobi_profile=p.png'])
+def test_sample_lstm_refuses_what_it_cannot_do(lstm_run, tmp_path, arg):
+    code, out, err = in_process('sample.py', [f'--out_dir={lstm_run}', '--init_from=resume', '--start=0 1', arg], tmp_path)
+    one_line(code, loaded(err), arg[2:].split('=')[0], 'does not apply to an LSTM')
+    assert not out and not os.listdir(tmp_path)
+
+
+def test_bench_prefill_ckpt_lstm_fails_at_start(lstm_run, tmp_path):
+    t = time.time()
+    p = subprocess.run([sys.executable, os.path.join(ROOT, 'bench.py'), f'--prefill_ckpt={lstm_run}/ckpt.pt'], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    one_line(p.returncode, p.stderr, 'is an LSTM', 'no prefill modes')
+    assert time.time() - t < 60 and not p.stdout  # before section 1's timings
+
+
+def test_engine_on_an_lstm(lstm_run):
+    from checkpoint import load_checkpoint
+    from engine import Engine
+    m = load_checkpoint(str(lstm_run / 'ckpt.pt'), 'cpu')[0].eval()
+    engine, x = Engine(m, compile=False), torch.zeros(1, 3, dtype=torch.long)
+    assert torch.equal(engine.generate(x, 4, temperature=0), m.generate(x, 4, temperature=0))  # the same steps
+    with pytest.raises(ValueError, match='exact and zero modes of a recurrent model'):  # once: AttributeError 'rec'
+        engine(x)
