@@ -3,6 +3,8 @@ The checks of a model's and a training scheme's settings: the first one broken i
 naming it (train.py turns it into one line; the scripts check before any data is read).
 """
 
+import math
+
 
 def check_model_config(c):
     """model.GPTConfig's settings (GPTConfig.validate)."""
@@ -22,10 +24,11 @@ def check_model_config(c):
         # norm_eps <= 0 or rope_theta <= 0 make NaNs on the first step, which read as a diverged learning rate
         (c.norm_eps > 0, f"norm_eps={c.norm_eps} must be > 0"),
         (c.rope_theta > 0, f"rope_theta={c.rope_theta} must be > 0"),
-        (c.rec_gate_gain >= 0, f"rec_gate_gain={c.rec_gate_gain} must be >= 0 (a xavier gain)"),
+        (0 <= c.rec_gate_gain < math.inf, f"rec_gate_gain={c.rec_gate_gain} must be >= 0 and finite (a xavier gain)"),
+        (math.isfinite(c.rec_gate_init), f"rec_gate_init={c.rec_gate_init} must be finite (g_rec at init)"),
         (0.0 <= c.dropout < 1.0, f"dropout={c.dropout} must be in [0, 1)"),
-        (0 < c.rec_scale_min <= c.rec_scale_max,
-         f"rec_scale_min={c.rec_scale_min}, rec_scale_max={c.rec_scale_max}: need 0 < min <= max"),
+        (0 < c.rec_scale_min <= c.rec_scale_max < math.inf,  # nan, inf: a state that is nan or never bounded
+         f"rec_scale_min={c.rec_scale_min}, rec_scale_max={c.rec_scale_max}: need 0 < min <= max, finite"),
         (c.recurrence in ('none', 't2mlr', 'lrt'),
          f"unknown recurrence {c.recurrence!r}; expected 'none', 't2mlr' or 'lrt'"),
         (c.jacobi_init in ('plain', 'zero'),
@@ -41,6 +44,25 @@ def check_model_config(c):
     for ok, msg in rules:
         if not ok:
             raise ValueError(f"GPTConfig: {msg}")
+    kv = c.n_kv_head * hd  # the parameters: embedding (and head), attention, SwiGLU
+    n = c.padded_vocab * c.n_embd * (1 if c.tie_embeddings else 2) + L * c.n_embd * (2 * c.n_embd + 2 * kv + 3 * c.mlp_hidden)
+    check_fits(f"GPTConfig: n_layer={L}, n_embd={c.n_embd}, mlp_hidden={c.mlp_hidden}, vocab_size={c.vocab_size}", n)
+
+
+def check_fits(what, n_params):
+    """A model whose float32 weights alone exceed the memory available now (--n_embd=65536) is a
+    ValueError before it is built, not an allocator traceback. Under a GiB nothing is read."""
+    need = 4 * n_params
+    if need < 2**30:
+        return
+    try:
+        with open('/proc/meminfo') as f:  # Linux; elsewhere the allocator has the last word
+            free = next(int(line.split()[1]) * 1024 for line in f if line.startswith('MemAvailable:'))
+    except (OSError, StopIteration, ValueError):
+        return
+    if need > free:
+        raise ValueError(f"{what}: {n_params / 1e9:.1f}B parameters, {need / 2**30:,.0f} GiB of float32 weights alone, "
+                         f"more than the {free / 2**30:,.0f} GiB of memory available")
 
 
 def check_scheme(mode, n_iter=8, n_grad=4, n_subsets=2, n_rounds=1, T=None, block_len=1):

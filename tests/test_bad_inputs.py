@@ -301,3 +301,69 @@ def test_engine_on_an_lstm(lstm_run):
     assert torch.equal(engine.generate(x, 4, temperature=0), m.generate(x, 4, temperature=0))  # the same steps
     with pytest.raises(ValueError, match='exact and zero modes of a recurrent model'):  # once: AttributeError 'rec'
         engine(x)
+
+# -----------------------------------------------------------------------------
+# options: nan and inf (they pass a `< 0` check, then "diverge"), negatives that meant something
+# else, settings the chosen scheme or recurrence does not read, a model too big to build
+
+
+@pytest.mark.parametrize('line,words', [
+    ("gate_lr_mult = float('nan')", ['gate_lr_mult=nan', 'finite']),
+    ("gate_lr_mult = 1e999", ['gate_lr_mult=inf', 'finite']),  # once: -inf gates saved, exit 0
+    ("rec_lr_mult = float('inf')", ['rec_lr_mult=inf', 'finite']),
+    ("weight_decay = float('nan')", ['weight_decay=nan', 'finite']),
+    ("rec_weight_decay = float('inf')", ['rec_weight_decay=inf', 'finite']),
+    ("rec_weight_decay = -5.0", ['rec_weight_decay=-5.0', '-1 for weight_decay']),  # once: taken as weight_decay
+    ("rec_scale_max = float('inf')", ['rec_scale_max=inf', 'finite']),
+    ("rec_scale_min = float('nan')", ['rec_scale_min=nan', 'finite']),
+    ("rec_gate_init = float('nan')", ['rec_gate_init=nan', 'finite']),
+    ("rec_gate_gain = float('inf')", ['rec_gate_gain=inf', 'finite']),
+    ("gate_rows = 0", ['gate_rows=0', 'gate_rows >= 1']),  # once: a crash at step 1
+    ("compile = True\ncompile_backend = 'foo'", ["compile_backend='foo'", 'not a torch.compile backend']),
+    ("block_len = 8", ['block_len=8', "train_mode='block' only", "'jacobi'"]),
+    ("n_rounds = 4", ['n_rounds=4', "train_mode='interleaved' only"]),
+    ("init_loss = False", ['init_loss=False', "train_mode='interleaved' only"]),
+    ("train_mode = 'block'\nrecompute = True", ['recompute=True', "train_mode='block'"]),
+    ("n_embd = 65536", ['n_embd=65536', 'GiB of float32 weights alone', 'memory available']),  # once: allocator traceback
+])
+def test_train_bad_option(world, tmp_path, line, words):
+    (tmp_path / 'c.py').write_text(line + '\n')
+    t = time.time()
+    code, out, err = in_process('train.py', train_args(world, tmp_path / 'out', str(tmp_path / 'c.py')), world)
+    one_line(code, err, *words)
+    assert 'parameters' not in out and not os.path.exists(tmp_path / 'out' / 'ckpt.pt') and time.time() - t < 30
+
+
+def test_scheme_settings_of_another_mode_are_noted_in_a_plain_baseline(world, tmp_path):
+    # a recurrent config run as its plain baseline (--recurrence=none --train_mode=plain) keeps its scheme
+    _, out, _ = in_process('train.py', train_args(world, tmp_path, '--recurrence=none', '--train_mode=plain',
+                                                  '--n_subsets=32', '--max_iters=0'), world, check=True)
+    assert "note: n_subsets=32 does nothing with train_mode='plain'" in out
+    # n_subsets under Jacobi: a note too (an interleaved config's S; test_reliability.py trains such a run)
+    _, out, _ = in_process('train.py', train_args(world, tmp_path / 'j', '--n_subsets=4', '--max_iters=0'), world, check=True)
+    assert "note: n_subsets=4 does nothing with train_mode='jacobi' (it applies to train_mode='interleaved' only)" in out
+
+
+def test_another_recurrences_options_are_not_recorded_as_applied(world, tmp_path):
+    _, out, _ = in_process('train.py', train_args(world, tmp_path, '--recurrence=lrt', '--train_mode=interleaved',
+                                                  '--rec_scale_min=0.1', '--rec_residual_detach=True'),
+                           world, check=True)
+    assert "note: rec_scale_min=0.1 applies to recurrence='t2mlr' only (recurrence is 'lrt')" in out
+    args = torch.load(tmp_path / 'ckpt.pt', weights_only=False)['model_args']
+    assert args['rec_scale_min'] == 0.2 and args['rec_residual_detach'] is False and args['recurrence'] == 'lrt'
+
+
+def test_compile_backend_reaches_the_evaluation_engine(world, tmp_path, monkeypatch):
+    # --compile_backend=eager compiled the model with eager, but the evaluation Engine with inductor
+    import engine
+    seen = []
+
+    class Spy(engine.Engine):
+        def __init__(self, model, compile=True):
+            seen.append(compile)
+            super().__init__(model, compile=False)  # the backend is what is checked, not the compiler
+    monkeypatch.setattr(engine, 'Engine', Spy)
+    monkeypatch.setattr(torch, 'compile', lambda model, **kw: seen.append(kw) or model)
+    in_process('train.py', train_args(world, tmp_path, '--compile=True', '--compile_backend=eager', '--max_iters=0'),
+               world, check=True)
+    assert seen == [dict(backend='eager'), dict(backend='eager')]
