@@ -436,6 +436,7 @@ if __name__ == '__main__':
     check_out_file('trace', trace)  # the picture and its .json (same folder) are written after the work
     check_out_file('jacobi_profile', jacobi_profile)
     read_profiles(profile_with)
+    read_prompt(start)  # a missing or binary --start=FILE: one line before any model is loaded
     _, _, ctx = device_setup(device, dtype, seed, tf32=False)  # (no TF32: the tokens as before)
 
     # model, and the dataset it was trained on (for the tokenizer and the task splits)

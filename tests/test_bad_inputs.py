@@ -367,3 +367,43 @@ def test_compile_backend_reaches_the_evaluation_engine(world, tmp_path, monkeypa
     in_process('train.py', train_args(world, tmp_path, '--compile=True', '--compile_backend=eager', '--max_iters=0'),
                world, check=True)
     assert seen == [dict(backend='eager'), dict(backend='eager')]
+
+# -----------------------------------------------------------------------------
+# inputs: generate's prompts and arguments, decode_step's position and batch, a binary prompt file
+
+
+def test_generate_and_decode_step_check_their_inputs():
+    from engine import Engine
+    from model import KVCache
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(block_size=16, vocab_size=8, n_layer=2, n_head=2, n_kv_head=1, n_embd=16, recurrence='t2mlr')).eval()
+    x = torch.zeros(1, 2, dtype=torch.long)
+    for args, kw, msg in [((x + 8, 2), {}, r'outside the vocabulary 0\.\.7 \(min 8, max 8\)'),  # once: IndexError
+                          ((x - 1, 2), {}, r'outside the vocabulary'),
+                          ((x[:, :0], 2), {}, r'an empty prompt has no next token'),
+                          ((x.float(), 2), {}, 'must be integer token ids'),
+                          ((x, 2), dict(top_k=2.5), r'top_k=2\.5 must be None'),  # once: a torch.topk TypeError
+                          ((x, -1), {}, 'max_new_tokens=-1 must be an int >= 0')]:
+        for gen in (m, Engine(m, compile=False)):
+            with pytest.raises(ValueError, match=msg):
+                gen.generate(*args, **kw)
+    assert m.generate(x, 0).shape == (1, 2)  # nothing new to make is not an error
+    tok, state = x[:, :1], torch.zeros(1, 16)
+    for step in (m.decode_step, Engine(m, compile=False).decode_step):
+        with pytest.raises(ValueError, match='position 16: past the model.s block_size 16'):  # once: an IndexError
+            step(tok, range(16, 17), state, KVCache(2, 20))
+        with pytest.raises(ValueError, match=r'pos = range\(t, t \+ 1\)'):  # tools/official.py's int, once
+            step(tok, 3, state, KVCache(2, 20))
+    for gen in (m, Engine(m, compile=False)):  # prefilled at batch 1, decoded at batch 4: once a cache of zeros
+        cache = gen.new_cache(1, 10)
+        _, state, _ = gen.prefill(x, cache)
+        with pytest.raises(ValueError, match='4 token rows, but the KV cache holds 1'):
+            gen.decode_step(torch.zeros(4, 1, dtype=torch.long), range(2, 3), state.expand(4, -1), cache)
+
+
+def test_sample_binary_prompt_file_is_one_line(world, tmp_path):
+    (tmp_path / 'p.bin').write_bytes(bytes(range(256)))
+    code, out, err = in_process('sample.py', ['--init_from=scratch', f'--data_root={world}/data', '--dataset=s5_Z2',
+                                              f'--start=FILE:{tmp_path}/p.bin'], tmp_path)
+    one_line(code, err, f'--start=FILE:{tmp_path}/p.bin', 'not UTF-8 text')
+    assert not out
