@@ -407,3 +407,37 @@ def test_sample_binary_prompt_file_is_one_line(world, tmp_path):
                                               f'--start=FILE:{tmp_path}/p.bin'], tmp_path)
     one_line(code, err, f'--start=FILE:{tmp_path}/p.bin', 'not UTF-8 text')
     assert not out
+
+# -----------------------------------------------------------------------------
+# data: rows and vocabularies sized from the options, the disk checked, --out_dir a file
+
+
+@pytest.mark.parametrize('argv,flag', [(['assoc', '--n_queries=1e9'], '--n_queries=1000000000'),
+                                       (['assoc', '--n_queries=1e6'], '--n_queries=1000000'),  # once: OOM in train.py
+                                       (['assoc', '--test_queries=48,100000'], '--test_queries=48,100000')])
+def test_assoc_huge_rows_fail_fast(tmp_path, argv, flag):
+    t = time.time()
+    one_line(*prep(*argv, f'--out_dir={tmp_path}/d'), flag, 'tokens; at most 8,192')
+    assert time.time() - t < 5 and not os.path.exists(tmp_path / 'd')
+
+
+def test_assoc_huge_vocabulary_fails_fast(tmp_path):
+    t = time.time()
+    code, err = prep('assoc', '--n_keys=1e9', f'--out_dir={tmp_path}/d')
+    assert code == 1 and '--n_keys=1000000000' in err and 'at most 65,536' in err and time.time() - t < 5
+
+
+def test_stdlib_char_checks_the_disk(tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+    monkeypatch.setattr(shutil, 'disk_usage', lambda p: namedtuple('u', 'total used free')(10**6, 10**6 - 1000, 1000))
+    code, err = prep('stdlib_char', '--max_files=6', '--hold_out_every=3', f'--out_dir={tmp_path}/d')
+    assert code == 1 and 'stdlib_char would take' in err and 'GiB free' in err
+    assert not os.path.exists(tmp_path / 'd' / 'meta.json') and not os.path.exists(tmp_path / 'd' / 'train.bin')
+
+
+def test_prepare_out_dir_is_a_file(tmp_path):
+    (tmp_path / 'f').write_text('a file')
+    one_line(*prep('s5', f'--out_dir={tmp_path}/f'), f'--out_dir={tmp_path}/f is a file')
+    one_line(*prep('s5', f'--out_dir={tmp_path}/f/sub'), f'--out_dir={tmp_path}/f/sub', 'cannot create it')
+    assert (tmp_path / 'f').read_text() == 'a file'
