@@ -9,6 +9,7 @@ its main(); bench.py and compare.py fail before they import torch, so they run a
 import contextlib
 import importlib.util
 import io
+import json
 import os
 import subprocess
 import sys
@@ -441,3 +442,60 @@ def test_prepare_out_dir_is_a_file(tmp_path):
     one_line(*prep('s5', f'--out_dir={tmp_path}/f'), f'--out_dir={tmp_path}/f is a file')
     one_line(*prep('s5', f'--out_dir={tmp_path}/f/sub'), f'--out_dir={tmp_path}/f/sub', 'cannot create it')
     assert (tmp_path / 'f').read_text() == 'a file'
+
+# -----------------------------------------------------------------------------
+# tools: bad files, an unwritable results folder found at start, a stale score, a replay's retry
+
+
+def tool(name, *args, cwd=ROOT):
+    return subprocess.run([sys.executable, os.path.join(ROOT, 'tools', name), *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=120, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+
+
+@pytest.mark.parametrize('content,words', [(b'{not json', ['JSONDecodeError']), (b'\xff\xfe', ['UnicodeDecodeError']),
+                                           (b'{"runs": {"a": [{"seed": 1}]}, "lengths": [8]}', ['no ']),
+                                           (b'[1, 2]', ['no '])])
+def test_pool_and_pairs_on_bad_files(tmp_path, content, words):
+    (tmp_path / 'r.json').write_bytes(content)
+    p = tool('pool.py', f'a=a:{tmp_path}/r.json')  # once: a JSONDecodeError or KeyError traceback
+    one_line(p.returncode, p.stderr, f'{tmp_path}/r.json: not a results.json', *words)
+    p = tool('pairs.py', f'{tmp_path}/r.json', 'a:b')  # sys.exit(message): exit 1, the message alone
+    assert p.returncode == 1 and p.stderr.strip().splitlines() == [p.stderr.strip()] and 'Traceback' not in p.stderr
+    assert f'{tmp_path}/r.json: not a text.json' in p.stderr and all(w in p.stderr for w in words)
+
+
+@pytest.mark.parametrize('flag', ['--results_dir=/proc/no/such/folder', '--results_dir=FILE/sub', '--out_dir=FILE'])
+def test_compare_unwritable_results_dir_fails_at_start(world, tmp_path, flag):
+    (tmp_path / 'FILE').write_text('a file')
+    t = time.time()
+    p = subprocess.run([sys.executable, os.path.join(ROOT, 'compare.py'), '--quick=True', '--max_iters=1', '--seeds=1',
+                        '--models=plain', f'--data_root={world}/data', f'--out_dir={tmp_path}/cmp',
+                        flag.replace('FILE', str(tmp_path / 'FILE'))], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=120)
+    one_line(p.returncode, p.stderr, flag.split('=')[0][2:] + '=')  # once: after all the training
+    assert not p.stdout and time.time() - t < 30 and not os.path.exists(tmp_path / 'cmp' / 'plain_s1')
+
+
+def test_compare_text_rerun_with_other_steps_is_rescored(tmp_path):
+    # a rerun with another --max_iters retrains the run; its test bits were the old run's (test_eval.json)
+    assert prep('stdlib_char', '--max_files=6', '--hold_out_every=3', f'--out_dir={tmp_path}/data/stdlib_char')[0] == 0
+    cmd = [sys.executable, os.path.join(ROOT, 'compare.py'), '--quick=True', '--seeds=1', '--dataset=stdlib_char',
+           '--models=stdlib_plain', f'--data_root={tmp_path}/data', f'--out_dir={tmp_path}/cmp',
+           '--extra=--block_size=16 --eval_interval=2']
+    env = {**os.environ, 'OMP_NUM_THREADS': '1'}
+    for steps in (2, 4):
+        p = subprocess.run(cmd + [f'--max_iters={steps}'], capture_output=True, text=True, timeout=600, env=env)
+        assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+        scored = json.load(open(tmp_path / 'cmp' / 'text.json'))['runs']['stdlib_plain'][0]['test']
+        assert scored['steps'] == steps, scored
+
+
+def test_replay_retry_after_a_bad_override(world, tmp_path):
+    out = tmp_path / 'replay'
+    p = tool('replay.py', world / 'run' / 'ckpt.pt', out, '--max_iters=3', '--no_such_key=1', cwd=world)
+    assert p.returncode == 2 and "unknown config key 'no_such_key'" in p.stderr
+    p = tool('replay.py', world / 'run' / 'ckpt.pt', out, '--max_iters=3', cwd=world)  # once: "already holds a run"
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert 'never ran a step: replaced' in p.stdout and torch.load(out / 'ckpt.pt', weights_only=False)['iter_num'] == 3
+    p = tool('replay.py', world / 'run' / 'ckpt.pt', out, '--max_iters=3', cwd=world)  # a replay that ran: kept
+    one_line(p.returncode, p.stderr, 'already holds a run')
