@@ -1,6 +1,7 @@
 """
-The checks of a model's and a training scheme's settings: the first one broken is a ValueError
-naming it (train.py turns it into one line; the scripts check before any data is read).
+The checks of a model's and a training scheme's settings, and of generation's inputs: the first
+one broken is a ValueError naming it (train.py turns it into one line; the scripts check before
+any data is read).
 """
 
 import math
@@ -118,7 +119,7 @@ def check_decode_step(config, tok, pos, state, cache):
     """decode_step's inputs: one token per row, inside block_size, and a state and KV cache of the
     token's batch (a cache prefilled at another batch was silently reallocated as zeros). A position
     tensor is engine.py's compiled step, whose Engine.decode_step checked the range it came from."""
-    if hasattr(pos, 'dtype'):
+    if torch.is_tensor(pos):
         return
     state_batch = None if state is None else state.size(0)
     if tok.dim() != 2 or tok.size(1) != 1 or not isinstance(pos, range) or len(pos) != 1:

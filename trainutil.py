@@ -69,9 +69,11 @@ def check_config(c):
             continue
         if c.train_mode != 'plain' and k != 'n_subsets':
             fail(f"{k}={getattr(c, k)} applies to train_mode='{mode}' only (train_mode is {c.train_mode!r})")
-        if int(os.environ.get('RANK', 0)) == 0:  # plain: a recurrent config's baseline; n_subsets: an
+        # a note under plain (a recurrent config's baseline run), and for n_subsets (an interleaved
+        # config's S in a Jacobi run: tests/test_reliability.py trains one)
+        if int(os.environ.get('RANK', 0)) == 0:
             print(f"note: {k}={getattr(c, k)} does nothing with train_mode={c.train_mode!r} (it applies to "
-                  f"train_mode='{mode}' only)")  # interleaved config's S under Jacobi (tests/test_reliability.py)
+                  f"train_mode='{mode}' only)")
     if c.recompute and c.train_mode == 'block':  # block training keeps no pass to recompute
         fail("recompute=True does nothing with train_mode='block' (it recomputes the Jacobi and interleaved passes)")
     if c.skip_spike != 0 and c.skip_spike <= 1:  # <= 1 would skip about half of all steps
@@ -85,8 +87,8 @@ def check_config(c):
             fail(f"{k}={getattr(c, k)}: must be in [0, 1)")
     if not 0 <= c.rec_lr_mult < math.inf:  # a negative multiplier is gradient ascent on the recurrence
         fail(f"rec_lr_mult={c.rec_lr_mult}: must be >= 0 and finite (0 freezes the recurrence's own parameters)")
-    if c.rec_gate_gain < 0:
-        fail(f"rec_gate_gain={c.rec_gate_gain}: must be >= 0 (0 = auto: 1.0 from scratch, 1e-2 retrofit)")
+    if not 0 <= c.rec_gate_gain < math.inf:
+        fail(f"rec_gate_gain={c.rec_gate_gain}: must be >= 0 and finite (0 = auto: 1.0 from scratch, 1e-2 retrofit)")
     if c.device.startswith('cuda') and not torch.cuda.is_available():
         fail(f"device={c.device} but torch.cuda.is_available() is False (use --device=cpu)")
     import importlib.util

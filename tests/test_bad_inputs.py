@@ -4,7 +4,9 @@ the right behaviour, and the two that lost data must leave the finished run / th
 as it was.
 
 train.py and sample.py run in this process (test_reliability.in_process), prepare.py through
-its main(); bench.py and compare.py fail before they import torch, so they run as processes."""
+its main(); bench.py and compare.py fail before they import torch, so they run as processes.
+The sections after the first probe's are the second's (issue 41): the LSTM through the other
+tools, options, inputs, data, tools."""
 
 import contextlib
 import importlib.util
