@@ -163,6 +163,14 @@ if device_type == 'cuda' and not torch.cuda.is_available():
 if threads > 0:
     torch.set_num_threads(threads)
 device_type, ptdtype, ctx = device_setup(device, dtype, seed)
+if prefill_ckpt:  # loaded now, not after sections 1-2: a checkpoint section 3 cannot run fails in seconds
+    from checkpoint import CheckpointError, load_checkpoint
+    try:
+        ckpt_model = load_checkpoint(prefill_ckpt, device)[0].eval()
+    except CheckpointError as e:
+        fail(str(e))
+    if getattr(ckpt_model.config, 'arch', 'gpt') == 'lstm':
+        fail(f"prefill_ckpt={prefill_ckpt} is an LSTM: it has no prefill modes to time (its prompt always runs exactly)")
 
 
 def sync():
@@ -541,11 +549,7 @@ print(f"\n3. prefill: batch {prefill_batch} x {prefill_len} tokens, Jacobi k={pr
 prompts = {r: torch.randint(0, vocab_size, (prefill_batch, prefill_len), generator=torch.Generator().manual_seed(seed))
            .to(device) for r in models}
 if prefill_ckpt:  # a trained model: random ids of its vocabulary are inputs of the s5 tasks (parity, S3)
-    from checkpoint import CheckpointError, load_checkpoint
-    try:
-        models['ckpt'] = load_checkpoint(prefill_ckpt, device)[0].eval()
-    except CheckpointError as e:
-        fail(str(e))
+    models['ckpt'] = ckpt_model
     NAMES['ckpt'] = 'ckpt'
     c = models['ckpt'].config
     prompts['ckpt'] = torch.randint(0, c.vocab_size, (prefill_batch, min(prefill_len, c.block_size)),

@@ -44,7 +44,7 @@ import subprocess
 import sys
 import time
 
-from configurator import configure, fail, parse_value, read_config
+from configurator import check_out_folder, configure, fail, parse_value, read_config
 from stats import endpoints, med_range, rank_test
 
 # -----------------------------------------------------------------------------
@@ -66,7 +66,7 @@ escape_loss = 0.0        # tasks: a run leaves the plateau at the first logged s
 spike = 0.25             # a spike: the mean train loss more than this (nats) above its running minimum after the escape
 test_windows = 0         # language modelling: score the first so many test windows (0 = the whole test split)
 # -----------------------------------------------------------------------------
-given = configure(globals(), [k for k in list(globals()) if not k.startswith('_') and k not in ('json', 'math', 'os', 'signal', 'subprocess', 'sys', 'time', 'configure', 'fail', 'parse_value', 'read_config', 'endpoints', 'med_range', 'rank_test')], doc=__doc__)
+given = configure(globals(), [k for k in list(globals()) if not k.startswith('_') and k not in ('json', 'math', 'os', 'signal', 'subprocess', 'sys', 'time', 'check_out_folder', 'configure', 'fail', 'parse_value', 'read_config', 'endpoints', 'med_range', 'rank_test')], doc=__doc__)
 # SIGTERM unwinds like Ctrl-C (Python's default would exit on the spot): the run in training is
 # stopped with us and its compare.pid removed (run(), below)
 signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -216,6 +216,8 @@ MODELS.update({
 })
 here = os.path.dirname(os.path.abspath(__file__))
 rd = results_dir or out_dir
+for _k, _d in (('out_dir', out_dir), ('results_dir', rd)):  # not after hours of training
+    check_out_folder(_k, _d)
 names = models.split(',')
 try:
     seed_list = [int(s) for s in seeds.split(',')]
@@ -286,8 +288,9 @@ def run(name, seed):
     if owner and alive(owner):
         fail(f"{run_dir} is being trained now by process {owner} (another compare.py with this "
              f"--out_dir?): wait for it, or stop it; delete {lock} if no such process is training it")
-    if os.path.exists(os.path.join(run_dir, 'log.jsonl')):
-        os.remove(os.path.join(run_dir, 'log.jsonl'))
+    for f in ('log.jsonl', 'test_eval.json'):  # the interrupted (or other --max_iters) run's: its test bits are not the new one's
+        if os.path.exists(os.path.join(run_dir, f)):
+            os.remove(os.path.join(run_dir, f))
     cmd = [sys.executable, os.path.join(here, 'train.py')] + [os.path.join(here, a) if a.endswith('.py') else a
                                                              for a in MODELS[name.split('@')[0]]]
     every = curve_interval if curve_interval > 0 else config_value(name, 'eval_interval', steps) if text else steps
@@ -541,7 +544,8 @@ def text_report(results):
             run_dir = os.path.join(out_dir, f"{name}_s{r['seed']}")
             path = os.path.join(run_dir, 'test_eval.json')
             r['test'] = json.load(open(path)) if os.path.isfile(path) else {}
-            if not r['test'] or r['test'].get('windows', 0) != test_windows:  # once per run and test_windows:
+            if not r['test'] or r['test'].get('windows', 0) != test_windows or r['test'].get('steps') != steps_of(name):
+                # once per run (its steps: a rerun with another --max_iters retrained it) and test_windows:
                 # the exact recurrence over 0.5M tokens takes minutes
                 model, ck = load_checkpoint(os.path.join(run_dir, 'ckpt.pt'))
                 cfg, bits = ck['config'], {}

@@ -43,6 +43,25 @@ def check_out_file(key, path):
         fail(f"{key}={path}: the folder {folder} is not writable")
 
 
+def check_out_folder(key, path):
+    """A folder the script writes into at the end (creating it if need be): it must be a folder, or
+    creatable, on a writable disk. Checked at start-up by writing a probe file into the nearest
+    folder that exists (os.access says yes to root on a read-only disk); nothing is created."""
+    import tempfile
+    if os.path.exists(path) and not os.path.isdir(path):
+        fail(f"{key}={path} is a file, not a folder")
+    up = os.path.abspath(path)
+    while not os.path.exists(up):
+        up = os.path.dirname(up)
+    if not os.path.isdir(up):
+        fail(f"{key}={path}: cannot create it ({up} is a file)")
+    try:
+        with tempfile.TemporaryFile(dir=up):
+            pass
+    except OSError as e:
+        fail(f"{key}={path}: cannot write into {up} ({e.strerror})")
+
+
 BOOL_WORDS = {'true': True, '1': True, 'yes': True, 'false': False, '0': False, 'no': False}
 
 

@@ -256,6 +256,15 @@ STDLIB_DEFAULTS = dict(root='', hold_out_every=20, max_files=0, out_dir='')
 FILE_TOKEN = '<|file|>'  # the document token that starts every file: the recurrent state is reset there
 
 
+def check_free(out_dir, name, need):
+    """need bytes against the free disk of out_dir, before anything is written (write_task's rule): one line."""
+    import shutil
+    os.makedirs(out_dir, exist_ok=True)
+    free = shutil.disk_usage(out_dir).free
+    if need > 0.9 * free:
+        raise DataError(f"{name} would take {need / 2**30:.2f} GiB but {out_dir} has {free / 2**30:.2f} GiB free")
+
+
 def stdlib_files(root):
     """The .py files under root (the standard library), in sorted path order, without the test
     suites (folders test, tests, idle_test, and test_*.py files) and without site-packages."""
@@ -292,6 +301,7 @@ def prepare_stdlib_char(cfg):
     stoi = {c: i for i, c in enumerate(itos)}
     route = lambda i: 'test' if i % k == 0 else 'val' if i % k == k // 2 else 'train'
     out_dir = cfg['out_dir'] or os.path.join(DATA_DIR, 'stdlib_char')
+    check_free(out_dir, 'stdlib_char', 2 * sum(len(t) + 1 for t in texts))  # uint16: a character, a <|file|> a file
     begin_dataset(out_dir)
     digest, counts = hashlib.sha256(), {}
     for split in ('train', 'val', 'test'):

@@ -16,6 +16,7 @@ The tokens equal eager GPT.generate's (tests/test_decode.py, tests/test_gpu_read
 
 import torch
 
+from checks import check_decode_step
 from model import GPT, KVCache, causal_mask
 
 
@@ -80,7 +81,9 @@ class Engine:
     def decode_step(self, tok, pos, state, cache):
         """GPT.decode_step, static: pos a range(t, t + 1) or the (1,) tensor [t] (bench.py makes them
         once)."""
-        pos = pos if torch.is_tensor(pos) else torch.tensor([pos.start], device=tok.device)
+        if not torch.is_tensor(pos):  # a range: checked (the compiled step cannot index past its RoPE table)
+            check_decode_step(self.config, tok, pos, state if isinstance(self.model, GPT) else None, cache)
+            pos = torch.tensor([pos.start], device=tok.device)
         logits, state = self._decode(tok, pos, state, cache)
         if self.cuda_graphs:
             logits, state = logits.clone(), None if state is None else state.clone()
@@ -107,7 +110,7 @@ class Engine:
         """GPT.forward's 'exact' and 'zero' modes with the compiled span step: train.py's evaluation.
         scheme: the training schemes' settings (n_iter, ...), which these modes do not read."""
         m = self.model
-        if m.rec == 'none' or mode not in ('exact', 'zero'):
+        if m.config.recurrence == 'none' or mode not in ('exact', 'zero'):  # (an LSTM's config says 'none' too)
             raise ValueError(f"Engine.forward runs the exact and zero modes of a recurrent model, not {mode!r}")
         cache = StaticKVCache(self.config.n_layer, idx.size(1))
         x, _, _ = m._exact(idx, cache, rec_mask, mode == 'zero', span_step=self.span_step)

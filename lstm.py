@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from checks import check_scheme
+from checks import check_fits, check_scheme
 from model import GPT, ce_loss
 
 
@@ -53,6 +53,9 @@ class LSTMConfig:
                 raise ValueError(f"LSTMConfig: {k}={getattr(self, k)} must be >= 1")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"LSTMConfig: dropout={self.dropout} must be in [0, 1)")
+        d = self.n_embd  # the embedding (and head), and per layer 4 gates of (d + d) x d
+        check_fits(f"LSTMConfig: n_layer={self.n_layer}, n_embd={d}", self.padded_vocab * d * (1 if self.tie_embeddings else 2)
+                   + self.n_layer * 8 * d * d)
 
     @property
     def padded_vocab(self):

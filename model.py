@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from checks import check_generate, check_model_config, check_sampling, check_scheme
+from checks import check_decode_step, check_generate, check_model_config, check_sampling, check_scheme
 
 # -----------------------------------------------------------------------------
 # config
@@ -151,8 +151,7 @@ def attend(q, k, v, mask, dropout_p=0.0):
     if mask is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=Tq > 1, dropout_p=dropout_p, enable_gqa=True)
     G = H // k.size(1)
-    y = F.scaled_dot_product_attention(q.reshape(B, -1, G * Tq, hd), k, v, attn_mask=mask.repeat(G, 1),
-                                       dropout_p=dropout_p)
+    y = F.scaled_dot_product_attention(q.reshape(B, -1, G * Tq, hd), k, v, attn_mask=mask.repeat(G, 1), dropout_p=dropout_p)
     return y.view(B, H, Tq, hd)
 
 
@@ -625,6 +624,7 @@ class GPT(nn.Module):
     def decode_step(self, tok, pos, state, cache):
         """One forward pass for one new token per sequence. tok: (B, 1) at position t, pos =
         range(t, t + 1); state: (B, d) from token t-1. -> (logits (B, 1, V), new state (B, d))."""
+        check_decode_step(self.config, tok, pos, state, cache)  # (a position tensor: engine.py's compiled step)
         x = self.wte(tok)
         if self.rec == 'none':
             return self._logits_loss(self.run_blocks(x, 0, self.config.n_layer - 1, pos, None, cache), None)[0], None
@@ -641,8 +641,8 @@ class GPT(nn.Module):
         of every next token). One forward pass per new token after the prefill. temperature 0 =
         greedy; on_token(tokens so far) after each token; stop_token: stop once every row made it.
         (engine.Engine.generate: this loop over engine.py's steps.)"""
+        check_generate(self.config, idx, max_new_tokens, temperature, top_k, prefill, prefill_iters, prefill_tol)
         B, T0 = idx.shape
-        check_generate(self.config, T0, max_new_tokens, temperature, top_k, prefill, prefill_iters, prefill_tol)
         cache = self.new_cache(B, T0 + max_new_tokens)
         logits, state, _ = self.prefill(idx, cache, prefill, prefill_iters, prefill_tol)
         all_logits, out, done = [logits], [idx], torch.zeros(B, 1, dtype=torch.bool, device=idx.device)

@@ -20,6 +20,7 @@ The format of a dataset, and its readers: dataset.py. The tasks: tasks.py; text 
 corpora.py; prompt/response data: sft.py.
 """
 
+import os
 import signal
 import sys
 
@@ -68,6 +69,19 @@ def check_args(cfg):
                 fail(f"--{k}={cfg[k]}: every length must be >= {least}")
 
 
+def check_out_dir(path):
+    """--out_dir must be a folder, or a path one can create: a file there (or above it) was a traceback."""
+    if not path:
+        return
+    if os.path.exists(path) and not os.path.isdir(path):
+        fail(f"--out_dir={path} is a file, not a folder")
+    up = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(up):
+        up = os.path.dirname(up)
+    if not os.path.isdir(up):
+        fail(f"--out_dir={path}: cannot create it ({up} is a file)")
+
+
 def main(argv):
     if not argv or argv[0] in ('-h', '--help'):
         print(__doc__.strip())
@@ -79,6 +93,7 @@ def main(argv):
     cfg = dict(defaults)
     configure(cfg, defaults, argv[1:], doc=f"python prepare.py {name} [--key=value ...]\n\n{prepare.__doc__ or ''}")
     check_args(cfg)
+    check_out_dir(cfg.get('out_dir'))
     # SIGTERM as Ctrl-C: the writers' cleanup runs, nothing half-written stays behind
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:

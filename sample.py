@@ -137,8 +137,13 @@ def read_prompt(start):
         path = start[5:]
         if not os.path.isfile(path):
             fail(f"--start=FILE:{path}: no such file")
-        with open(path, encoding='utf-8') as f:
-            return f.read()
+        try:
+            with open(path, encoding='utf-8') as f:
+                return f.read()
+        except UnicodeDecodeError as e:  # a binary file (a .bin, a picture): not a prompt
+            fail(f"--start=FILE:{path}: not UTF-8 text (byte {e.start}): give a text file")
+        except OSError as e:
+            fail(f"--start=FILE:{path}: cannot read it ({e.strerror})")
     return start
 
 
@@ -431,10 +436,16 @@ if __name__ == '__main__':
     check_out_file('trace', trace)  # the picture and its .json (same folder) are written after the work
     check_out_file('jacobi_profile', jacobi_profile)
     read_profiles(profile_with)
+    read_prompt(start)  # a missing or binary --start=FILE: one line before any model is loaded
     _, _, ctx = device_setup(device, dtype, seed, tf32=False)  # (no TF32: the tokens as before)
 
     # model, and the dataset it was trained on (for the tokenizer and the task splits)
     model, train_config = load_model(init_from, out_dir, device, ckpt)
+    if model is not None and getattr(model.config, 'arch', 'gpt') == 'lstm':  # these would be ignored, or a traceback
+        for k in ('prefill', 'prefill_iters', 'prefill_tol', 'attn_window', 'trace', 'jacobi_profile'):
+            if k in given:
+                fail(f"{k}={globals()[k]!r} does not apply to an LSTM (its prompt always runs exactly; it has no "
+                     f"attention and no latent state to trace)")
     if dataset:
         data_dir = os.path.join(data_root, dataset)
     elif train_config.get('dataset'):

@@ -19,6 +19,7 @@ from dataset import DATA_DIR, DataError, parse_lens, task_sizes, write_task
 # A row is one training or test sequence. Longer ones are no task a model here trains on, and
 # a chunk of 4096 of them would not fit in memory (1e7 tokens a row: hours, then out of memory)
 MAX_ROW_LEN = 8192
+MAX_TASK_VOCAB = 65536  # a task's words (a vocabulary of 1e9 words is a list no machine here holds)
 
 
 def check_row_len(flags, T):
@@ -327,6 +328,10 @@ def prepare_assoc(cfg):
     if min(V, P, *queries) < 1 or P > K:
         raise DataError(f"assoc needs 1 <= n_pairs <= n_keys, n_values >= 1 and queries >= 1: --n_keys={K} "
                         f"--n_values={V} --n_pairs={P} --n_queries={cfg['n_queries']} --test_queries={cfg['test_queries']}")
+    # sized from the options before anything is built: --n_queries=1e9 once generated until out of memory
+    check_row_len(f"--n_pairs={P} --n_queries={cfg['n_queries']} --test_queries={cfg['test_queries']}", 2 * P + 1 + max(queries))
+    if K + V + 1 > MAX_TASK_VOCAB:
+        raise DataError(f"assoc: --n_keys={K} --n_values={V} make {K + V + 1:,} tokens; at most {MAX_TASK_VOCAB:,}")
     itos = [f'k{i}' for i in range(K)] + [f'v{i}' for i in range(V)] + ['|']
 
     def make_gen(Q):
@@ -343,5 +348,5 @@ def prepare_assoc(cfg):
 
     out_dir = cfg['out_dir'] or os.path.join(DATA_DIR, 'assoc')
     write_task(out_dir, cfg, 'assoc', itos, make_gen, task_sizes(cfg, queries[0], queries[1:]),
-               task=dict(name='assoc', n_keys=K, n_values=V, n_pairs=P))
+               row_len=lambda Q: 2 * P + 1 + Q, task=dict(name='assoc', n_keys=K, n_values=V, n_pairs=P))
     return out_dir

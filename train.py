@@ -199,7 +199,7 @@ if ptdtype == torch.float64:
 model.to(device)
 raw_model = model  # unwrapped and uncompiled: eval, generation and checkpoints use it
 recurrent = raw_model.config.recurrence != 'none'
-exact_engine = Engine(raw_model) if compile and recurrent else None  # compiled exact eval
+exact_engine = Engine(raw_model, dict(backend=compile_backend)) if compile and recurrent else None  # compiled exact eval
 groups = raw_model.param_groups(weight_decay, rec_lr_mult, None if rec_weight_decay < 0 else rec_weight_decay, gate_lr_mult)
 fused = device_type == 'cuda'
 optimizer = torch.optim.AdamW(groups, lr=learning_rate, betas=(beta1, beta2), fused=fused)

@@ -23,6 +23,13 @@ from model import GPTConfig
 # start-up checks: each bad setting ends the run with one line (exit 2) before any work
 
 
+# the scheme settings one train_mode reads, and train.py's defaults (which every mode accepts): a
+# value set for another scheme is refused, not ignored; under train_mode='plain' (no scheme: the
+# baseline run of a recurrent config), and n_subsets under any mode, it is a note
+IDLE_SCHEME = dict(n_subsets=(2, 'interleaved'), n_rounds=(1, 'interleaved'), init_loss=(True, 'interleaved'),
+                   block_len=(4, 'block'))
+
+
 def check_config(c):
     """The training settings alone (c: the config, attributes), before any data is read or model
     built. The model's own settings are checked by GPTConfig; the checks that need the data follow
@@ -49,8 +56,28 @@ def check_config(c):
         if getattr(c, k) < 1:
             fail(f"{k}={getattr(c, k)}: must be >= 1")
     for k in ('learning_rate', 'min_lr', 'max_iters', 'warmup_iters', 'grad_clip', 'weight_decay', 'gate_lr_mult'):
-        if getattr(c, k) < 0:
-            fail(f"{k}={getattr(c, k)}: must be >= 0")
+        if not 0 <= getattr(c, k) < math.inf:  # nan and inf pass a `< 0` check, then "diverge" at step 1
+            fail(f"{k}={getattr(c, k)}: must be >= 0 and finite")
+    if not (c.rec_weight_decay == -1 or 0 <= c.rec_weight_decay < math.inf):  # not -5 taken as weight_decay
+        fail(f"rec_weight_decay={c.rec_weight_decay}: must be >= 0 and finite, or -1 for weight_decay's")
+    if c.gate_rows < 1 or c.gate_interval < -1:
+        fail(f"gate_rows={c.gate_rows}, gate_interval={c.gate_interval}: need gate_rows >= 1 (the rows of the gate "
+             f"statistics' pass) and gate_interval >= -1 (-1: at evaluations only, 0: with every log line)")
+    if c.compile and c.compile_backend not in torch._dynamo.list_backends(exclude_tags=()):  # before any model or file
+        fail(f"compile_backend={c.compile_backend!r} is not a torch.compile backend here (e.g. 'inductor', 'eager', "
+             f"'aot_eager')")
+    for k, (default, mode) in IDLE_SCHEME.items():  # a scheme setting another train_mode reads would do nothing
+        if getattr(c, k) == default or c.train_mode == mode:
+            continue
+        if c.train_mode != 'plain' and k != 'n_subsets':
+            fail(f"{k}={getattr(c, k)} applies to train_mode='{mode}' only (train_mode is {c.train_mode!r})")
+        # a note under plain (a recurrent config's baseline run), and for n_subsets (an interleaved
+        # config's S in a Jacobi run: tests/test_reliability.py trains one)
+        if int(os.environ.get('RANK', 0)) == 0:
+            print(f"note: {k}={getattr(c, k)} does nothing with train_mode={c.train_mode!r} (it applies to "
+                  f"train_mode='{mode}' only)")
+    if c.recompute and c.train_mode == 'block':  # block training keeps no pass to recompute
+        fail("recompute=True does nothing with train_mode='block' (it recomputes the Jacobi and interleaved passes)")
     if c.skip_spike != 0 and c.skip_spike <= 1:  # <= 1 would skip about half of all steps
         fail(f"skip_spike={c.skip_spike}: 0 (off) or a factor > 1 over the median gradient norm (e.g. 10)")
     if c.skip_spike_arm < 0 or (c.skip_spike_arm > 0 and c.skip_spike == 0):
@@ -60,10 +87,10 @@ def check_config(c):
     for k in ('beta1', 'beta2'):  # AdamW's own check is a traceback
         if not 0 <= getattr(c, k) < 1:
             fail(f"{k}={getattr(c, k)}: must be in [0, 1)")
-    if c.rec_lr_mult < 0:  # a negative multiplier is gradient ascent on the recurrence
-        fail(f"rec_lr_mult={c.rec_lr_mult}: must be >= 0 (0 freezes the recurrence's own parameters)")
-    if c.rec_gate_gain < 0:
-        fail(f"rec_gate_gain={c.rec_gate_gain}: must be >= 0 (0 = auto: 1.0 from scratch, 1e-2 retrofit)")
+    if not 0 <= c.rec_lr_mult < math.inf:  # a negative multiplier is gradient ascent on the recurrence
+        fail(f"rec_lr_mult={c.rec_lr_mult}: must be >= 0 and finite (0 freezes the recurrence's own parameters)")
+    if not 0 <= c.rec_gate_gain < math.inf:
+        fail(f"rec_gate_gain={c.rec_gate_gain}: must be >= 0 and finite (0 = auto: 1.0 from scratch, 1e-2 retrofit)")
     if c.device.startswith('cuda') and not torch.cuda.is_available():
         fail(f"device={c.device} but torch.cuda.is_available() is False (use --device=cpu)")
     import importlib.util
@@ -118,7 +145,22 @@ def model_args_from(config, meta):
     scratch = config['init_from'] in ('scratch', 'resume')
     args['rec_gate_gain'] = config['rec_gate_gain'] or (1.0 if scratch else 1e-2)
     args['rec_gate_init'] = config['rec_gate_init'] if scratch else 0.0  # a retrofit starts at the identity
+    for k, only in OWN_OPTIONS.items():  # another recurrence's options: recorded as what runs, the default
+        default = next(f.default for f in fields(GPTConfig) if f.name == k)
+        if k not in args or args['recurrence'] == only:
+            continue
+        asked = config[k] if k != 'rec_gate_gain' or config[k] else default  # rec_gate_gain=0: automatic
+        if asked != default and int(os.environ.get('RANK', 0)) == 0:
+            print(f"note: {k}={asked!r} applies to recurrence='{only}' only (recurrence is {args['recurrence']!r}): "
+                  f"not applied, recorded as {default!r}")
+        args[k] = default
     return args
+
+
+# GPTConfig's options of one recurrence (DESIGN.md 3, 4): the others do not read them
+OWN_OPTIONS = {**{k: 't2mlr' for k in ('rec_residual', 'rec_proj', 'rec_gate_gain', 'rec_gate_init', 'rec_residual_detach',
+                                       'rec_scale_min', 'rec_scale_max')},
+               **{k: 'lrt' for k in ('lrt_inject', 'lrt_shared', 'lrt_identity_init', 'lrt_gate_channels')}}
 
 
 INIT_ONLY = ('rec_gate_gain', 'rec_gate_init', 'lrt_identity_init')  # model args that only shape the initialisation

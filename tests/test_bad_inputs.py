@@ -4,11 +4,14 @@ the right behaviour, and the two that lost data must leave the finished run / th
 as it was.
 
 train.py and sample.py run in this process (test_reliability.in_process), prepare.py through
-its main(); bench.py and compare.py fail before they import torch, so they run as processes."""
+its main(); bench.py and compare.py fail before they import torch, so they run as processes.
+The sections after the first probe's are the second's (issue 41): the LSTM through the other
+tools, options, inputs, data, tools."""
 
 import contextlib
 import importlib.util
 import io
+import json
 import os
 import subprocess
 import sys
@@ -259,3 +262,242 @@ def test_compare_restarts_an_interrupted_run(world, tmp_path):
                        capture_output=True, text=True, timeout=300, env={**os.environ, 'OMP_NUM_THREADS': '1'})
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert torch.load(run_dir / 'ckpt.pt', weights_only=False)['config']['recurrence'] == 'none'
+
+# -----------------------------------------------------------------------------
+# second probe (issue 41, item 7). The LSTM through the other tools: what does not apply to it is
+# one line, what does runs
+
+
+@pytest.fixture(scope='module')
+def lstm_run(world):
+    in_process('train.py', train_args(world, world / 'lstm', '--arch=lstm', '--recurrence=none', '--train_mode=plain'),
+               world, check=True)
+    return world / 'lstm'
+
+
+def loaded(err):
+    """sample.py's stderr less its 'note: loaded the ... checkpoint' line (it comes before the checks that need the model)."""
+    return '\n'.join(line for line in err.splitlines() if not line.startswith('note: loaded'))
+
+
+@pytest.mark.parametrize('arg', ['--trace=t.png', '--prefill=jacobi', '--prefill_iters=3', '--prefill_tol=0.1',
+                                 '--attn_window=4', '--jacobi_profile=p.png'])
+def test_sample_lstm_refuses_what_it_cannot_do(lstm_run, tmp_path, arg):
+    code, out, err = in_process('sample.py', [f'--out_dir={lstm_run}', '--init_from=resume', '--start=0 1', arg], tmp_path)
+    one_line(code, loaded(err), arg[2:].split('=')[0], 'does not apply to an LSTM')
+    assert not out and not os.listdir(tmp_path)
+
+
+def test_bench_prefill_ckpt_lstm_fails_at_start(lstm_run, tmp_path):
+    t = time.time()
+    p = subprocess.run([sys.executable, os.path.join(ROOT, 'bench.py'), f'--prefill_ckpt={lstm_run}/ckpt.pt'], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    one_line(p.returncode, p.stderr, 'is an LSTM', 'no prefill modes')
+    assert time.time() - t < 60 and not p.stdout  # before section 1's timings
+
+
+def test_engine_on_an_lstm(lstm_run):
+    from checkpoint import load_checkpoint
+    from engine import Engine
+    m = load_checkpoint(str(lstm_run / 'ckpt.pt'), 'cpu')[0].eval()
+    engine, x = Engine(m, compile=False), torch.zeros(1, 3, dtype=torch.long)
+    assert torch.equal(engine.generate(x, 4, temperature=0), m.generate(x, 4, temperature=0))  # the same steps
+    with pytest.raises(ValueError, match='exact and zero modes of a recurrent model'):  # once: AttributeError 'rec'
+        engine(x)
+
+# -----------------------------------------------------------------------------
+# options: nan and inf (they pass a `< 0` check, then "diverge"), negatives that meant something
+# else, settings the chosen scheme or recurrence does not read, a model too big to build
+
+
+@pytest.mark.parametrize('line,words', [
+    ("gate_lr_mult = float('nan')", ['gate_lr_mult=nan', 'finite']),
+    ("gate_lr_mult = 1e999", ['gate_lr_mult=inf', 'finite']),  # once: -inf gates saved, exit 0
+    ("rec_lr_mult = float('inf')", ['rec_lr_mult=inf', 'finite']),
+    ("weight_decay = float('nan')", ['weight_decay=nan', 'finite']),
+    ("rec_weight_decay = float('inf')", ['rec_weight_decay=inf', 'finite']),
+    ("rec_weight_decay = -5.0", ['rec_weight_decay=-5.0', '-1 for weight_decay']),  # once: taken as weight_decay
+    ("rec_scale_max = float('inf')", ['rec_scale_max=inf', 'finite']),
+    ("rec_scale_min = float('nan')", ['rec_scale_min=nan', 'finite']),
+    ("rec_gate_init = float('nan')", ['rec_gate_init=nan', 'finite']),
+    ("rec_gate_gain = float('inf')", ['rec_gate_gain=inf', 'finite']),
+    ("gate_rows = 0", ['gate_rows=0', 'gate_rows >= 1']),  # once: a crash at step 1
+    ("compile = True\ncompile_backend = 'foo'", ["compile_backend='foo'", 'not a torch.compile backend']),
+    ("block_len = 8", ['block_len=8', "train_mode='block' only", "'jacobi'"]),
+    ("n_rounds = 4", ['n_rounds=4', "train_mode='interleaved' only"]),
+    ("init_loss = False", ['init_loss=False', "train_mode='interleaved' only"]),
+    ("train_mode = 'block'\nrecompute = True", ['recompute=True', "train_mode='block'"]),
+    ("n_embd = 65536", ['n_embd=65536', 'GiB of float32 weights alone', 'memory available']),  # once: allocator traceback
+])
+def test_train_bad_option(world, tmp_path, line, words):
+    (tmp_path / 'c.py').write_text(line + '\n')
+    t = time.time()
+    code, out, err = in_process('train.py', train_args(world, tmp_path / 'out', str(tmp_path / 'c.py')), world)
+    one_line(code, err, *words)
+    assert 'parameters' not in out and not os.path.exists(tmp_path / 'out' / 'ckpt.pt') and time.time() - t < 30
+
+
+def test_scheme_settings_of_another_mode_are_noted_in_a_plain_baseline(world, tmp_path):
+    # a recurrent config run as its plain baseline (--recurrence=none --train_mode=plain) keeps its scheme
+    _, out, _ = in_process('train.py', train_args(world, tmp_path, '--recurrence=none', '--train_mode=plain',
+                                                  '--n_subsets=32', '--max_iters=0'), world, check=True)
+    assert "note: n_subsets=32 does nothing with train_mode='plain'" in out
+    # n_subsets under Jacobi: a note too (an interleaved config's S; test_reliability.py trains such a run)
+    _, out, _ = in_process('train.py', train_args(world, tmp_path / 'j', '--n_subsets=4', '--max_iters=0'), world, check=True)
+    assert "note: n_subsets=4 does nothing with train_mode='jacobi' (it applies to train_mode='interleaved' only)" in out
+
+
+def test_another_recurrences_options_are_not_recorded_as_applied(world, tmp_path):
+    _, out, _ = in_process('train.py', train_args(world, tmp_path, '--recurrence=lrt', '--train_mode=interleaved',
+                                                  '--rec_scale_min=0.1', '--rec_residual_detach=True'),
+                           world, check=True)
+    assert "note: rec_scale_min=0.1 applies to recurrence='t2mlr' only (recurrence is 'lrt')" in out
+    args = torch.load(tmp_path / 'ckpt.pt', weights_only=False)['model_args']
+    assert args['rec_scale_min'] == 0.2 and args['rec_residual_detach'] is False and args['recurrence'] == 'lrt'
+
+
+def test_compile_backend_reaches_the_evaluation_engine(world, tmp_path, monkeypatch):
+    # --compile_backend=eager compiled the model with eager, but the evaluation Engine with inductor
+    import engine
+    seen = []
+
+    class Spy(engine.Engine):
+        def __init__(self, model, compile=True):
+            seen.append(compile)
+            super().__init__(model, compile=False)  # the backend is what is checked, not the compiler
+    monkeypatch.setattr(engine, 'Engine', Spy)
+    monkeypatch.setattr(torch, 'compile', lambda model, **kw: seen.append(kw) or model)
+    in_process('train.py', train_args(world, tmp_path, '--compile=True', '--compile_backend=eager', '--max_iters=0'),
+               world, check=True)
+    assert seen == [dict(backend='eager'), dict(backend='eager')]
+
+# -----------------------------------------------------------------------------
+# inputs: generate's prompts and arguments, decode_step's position and batch, a binary prompt file
+
+
+def test_generate_and_decode_step_check_their_inputs():
+    from engine import Engine
+    from model import KVCache
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(block_size=16, vocab_size=8, n_layer=2, n_head=2, n_kv_head=1, n_embd=16, recurrence='t2mlr')).eval()
+    x = torch.zeros(1, 2, dtype=torch.long)
+    for args, kw, msg in [((x + 8, 2), {}, r'outside the vocabulary 0\.\.7 \(min 8, max 8\)'),  # once: IndexError
+                          ((x - 1, 2), {}, r'outside the vocabulary'),
+                          ((x[:, :0], 2), {}, r'an empty prompt has no next token'),
+                          ((x.float(), 2), {}, 'must be integer token ids'),
+                          ((x, 2), dict(top_k=2.5), r'top_k=2\.5 must be None'),  # once: a torch.topk TypeError
+                          ((x, -1), {}, 'max_new_tokens=-1 must be an int >= 0')]:
+        for gen in (m, Engine(m, compile=False)):
+            with pytest.raises(ValueError, match=msg):
+                gen.generate(*args, **kw)
+    assert m.generate(x, 0).shape == (1, 2)  # nothing new to make is not an error
+    tok, state = x[:, :1], torch.zeros(1, 16)
+    for step in (m.decode_step, Engine(m, compile=False).decode_step):
+        with pytest.raises(ValueError, match='position 16: past the model.s block_size 16'):  # once: an IndexError
+            step(tok, range(16, 17), state, KVCache(2, 20))
+        with pytest.raises(ValueError, match=r'pos = range\(t, t \+ 1\)'):  # tools/official.py's int, once
+            step(tok, 3, state, KVCache(2, 20))
+    for gen in (m, Engine(m, compile=False)):  # prefilled at batch 1, decoded at batch 4: once a cache of zeros
+        cache = gen.new_cache(1, 10)
+        _, state, _ = gen.prefill(x, cache)
+        with pytest.raises(ValueError, match='4 token rows, but the KV cache holds 1'):
+            gen.decode_step(torch.zeros(4, 1, dtype=torch.long), range(2, 3), state.expand(4, -1), cache)
+
+
+def test_sample_binary_prompt_file_is_one_line(world, tmp_path):
+    (tmp_path / 'p.bin').write_bytes(bytes(range(256)))
+    code, out, err = in_process('sample.py', ['--init_from=scratch', f'--data_root={world}/data', '--dataset=s5_Z2',
+                                              f'--start=FILE:{tmp_path}/p.bin'], tmp_path)
+    one_line(code, err, f'--start=FILE:{tmp_path}/p.bin', 'not UTF-8 text')
+    assert not out
+
+# -----------------------------------------------------------------------------
+# data: rows and vocabularies sized from the options, the disk checked, --out_dir a file
+
+
+@pytest.mark.parametrize('argv,flag', [(['assoc', '--n_queries=1e9'], '--n_queries=1000000000'),
+                                       (['assoc', '--n_queries=1e6'], '--n_queries=1000000'),  # once: OOM in train.py
+                                       (['assoc', '--test_queries=48,100000'], '--test_queries=48,100000')])
+def test_assoc_huge_rows_fail_fast(tmp_path, argv, flag):
+    t = time.time()
+    one_line(*prep(*argv, f'--out_dir={tmp_path}/d'), flag, 'tokens; at most 8,192')
+    assert time.time() - t < 5 and not os.path.exists(tmp_path / 'd')
+
+
+def test_assoc_huge_vocabulary_fails_fast(tmp_path):
+    t = time.time()
+    code, err = prep('assoc', '--n_keys=1e9', f'--out_dir={tmp_path}/d')
+    assert code == 1 and '--n_keys=1000000000' in err and 'at most 65,536' in err and time.time() - t < 5
+
+
+def test_stdlib_char_checks_the_disk(tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+    monkeypatch.setattr(shutil, 'disk_usage', lambda p: namedtuple('u', 'total used free')(10**6, 10**6 - 1000, 1000))
+    code, err = prep('stdlib_char', '--max_files=6', '--hold_out_every=3', f'--out_dir={tmp_path}/d')
+    assert code == 1 and 'stdlib_char would take' in err and 'GiB free' in err
+    assert not os.path.exists(tmp_path / 'd' / 'meta.json') and not os.path.exists(tmp_path / 'd' / 'train.bin')
+
+
+def test_prepare_out_dir_is_a_file(tmp_path):
+    (tmp_path / 'f').write_text('a file')
+    one_line(*prep('s5', f'--out_dir={tmp_path}/f'), f'--out_dir={tmp_path}/f is a file')
+    one_line(*prep('s5', f'--out_dir={tmp_path}/f/sub'), f'--out_dir={tmp_path}/f/sub', 'cannot create it')
+    assert (tmp_path / 'f').read_text() == 'a file'
+
+# -----------------------------------------------------------------------------
+# tools: bad files, an unwritable results folder found at start, a stale score, a replay's retry
+
+
+def tool(name, *args, cwd=ROOT):
+    return subprocess.run([sys.executable, os.path.join(ROOT, 'tools', name), *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=120, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+
+
+@pytest.mark.parametrize('content,words', [(b'{not json', ['JSONDecodeError']), (b'\xff\xfe', ['UnicodeDecodeError']),
+                                           (b'{"runs": {"a": [{"seed": 1}]}, "lengths": [8]}', ['no ']),
+                                           (b'[1, 2]', ['no '])])
+def test_pool_and_pairs_on_bad_files(tmp_path, content, words):
+    (tmp_path / 'r.json').write_bytes(content)
+    p = tool('pool.py', f'a=a:{tmp_path}/r.json')  # once: a JSONDecodeError or KeyError traceback
+    one_line(p.returncode, p.stderr, f'{tmp_path}/r.json: not a results.json', *words)
+    p = tool('pairs.py', f'{tmp_path}/r.json', 'a:b')  # sys.exit(message): exit 1, the message alone
+    assert p.returncode == 1 and p.stderr.strip().splitlines() == [p.stderr.strip()] and 'Traceback' not in p.stderr
+    assert f'{tmp_path}/r.json: not a text.json' in p.stderr and all(w in p.stderr for w in words)
+
+
+@pytest.mark.parametrize('flag', ['--results_dir=/proc/no/such/folder', '--results_dir=FILE/sub', '--out_dir=FILE'])
+def test_compare_unwritable_results_dir_fails_at_start(world, tmp_path, flag):
+    (tmp_path / 'FILE').write_text('a file')
+    t = time.time()
+    p = subprocess.run([sys.executable, os.path.join(ROOT, 'compare.py'), '--quick=True', '--max_iters=1', '--seeds=1',
+                        '--models=plain', f'--data_root={world}/data', f'--out_dir={tmp_path}/cmp',
+                        flag.replace('FILE', str(tmp_path / 'FILE'))], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=120)
+    one_line(p.returncode, p.stderr, flag.split('=')[0][2:] + '=')  # once: after all the training
+    assert not p.stdout and time.time() - t < 30 and not os.path.exists(tmp_path / 'cmp' / 'plain_s1')
+
+
+def test_compare_text_rerun_with_other_steps_is_rescored(tmp_path):
+    # a rerun with another --max_iters retrains the run; its test bits were the old run's (test_eval.json)
+    assert prep('stdlib_char', '--max_files=6', '--hold_out_every=3', f'--out_dir={tmp_path}/data/stdlib_char')[0] == 0
+    cmd = [sys.executable, os.path.join(ROOT, 'compare.py'), '--quick=True', '--seeds=1', '--dataset=stdlib_char',
+           '--models=stdlib_plain', f'--data_root={tmp_path}/data', f'--out_dir={tmp_path}/cmp',
+           '--extra=--block_size=16 --eval_interval=2']
+    env = {**os.environ, 'OMP_NUM_THREADS': '1'}
+    for steps in (2, 4):
+        p = subprocess.run(cmd + [f'--max_iters={steps}'], capture_output=True, text=True, timeout=600, env=env)
+        assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+        scored = json.load(open(tmp_path / 'cmp' / 'text.json'))['runs']['stdlib_plain'][0]['test']
+        assert scored['steps'] == steps, scored
+
+
+def test_replay_retry_after_a_bad_override(world, tmp_path):
+    out = tmp_path / 'replay'
+    p = tool('replay.py', world / 'run' / 'ckpt.pt', out, '--max_iters=3', '--no_such_key=1', cwd=world)
+    assert p.returncode == 2 and "unknown config key 'no_such_key'" in p.stderr
+    p = tool('replay.py', world / 'run' / 'ckpt.pt', out, '--max_iters=3', cwd=world)  # once: "already holds a run"
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert 'never ran a step: replaced' in p.stdout and torch.load(out / 'ckpt.pt', weights_only=False)['iter_num'] == 3
+    p = tool('replay.py', world / 'run' / 'ckpt.pt', out, '--max_iters=3', cwd=world)  # a replay that ran: kept
+    one_line(p.returncode, p.stderr, 'already holds a run')

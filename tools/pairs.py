@@ -33,13 +33,28 @@ def bits(runs, arm):
     return got
 
 
+def read(path):
+    """The runs of a text.json compare.py wrote, {model: [run, ...]}; anything else is one line (once
+    a JSONDecodeError or a KeyError traceback)."""
+    try:
+        with open(path) as f:
+            runs = json.load(f)['runs']
+        for r in (r for rs in runs.values() for r in rs):
+            r['seed'], r['test']['bits'].get
+    except (OSError, ValueError) as e:  # unreadable, not UTF-8, not JSON
+        sys.exit(f"{path}: not a text.json ({type(e).__name__}: {e})")
+    except (KeyError, IndexError, TypeError, AttributeError) as e:
+        sys.exit(f"{path}: not a text.json of compare.py (no {e} where one is read)")
+    return runs
+
+
 def pool(paths):
     """{model: [run, ...]} over the text.json files in paths, one run per (model, seed)."""
     runs = {}
     for path in paths.split(','):
         if not os.path.isfile(path):
             sys.exit(f"{path}: no such text.json (compare.py writes one into its results_dir)")
-        for name, rs in json.load(open(path))['runs'].items():
+        for name, rs in read(path).items():
             have = {r['seed']: r for r in runs.setdefault(name, [])}
             for r in rs:
                 if r['seed'] not in have:

@@ -32,7 +32,7 @@ def load(arg):
     for f in files.split(','):
         if not os.path.isfile(f):
             fail(f"{f}: no such results.json (compare.py writes one into its results_dir)")
-        d = json.load(open(f))
+        d = read(f)
         if model not in d['runs']:
             fail(f"{f} has no runs of {model!r} (it has {', '.join(d['runs'])})")
         if lengths not in (None, d['lengths']):
@@ -49,6 +49,22 @@ def load(arg):
             fail(f"{name}: seeds {missing} are in none of {files}")
         rows = {s: rows[s] for s in want}
     return name, rows, lengths[-1], split
+
+
+def read(f):
+    """A results.json compare.py wrote, with what this tool reads of it; anything else is one line
+    (once a JSONDecodeError or a KeyError traceback)."""
+    try:
+        with open(f) as fh:
+            d = json.load(fh)
+        d['lengths'][-1]
+        for r in (r for rs in d['runs'].values() for r in rs):
+            r['seed'], r['escape'], r['eval']['val/loss_exact'], r['curve']['grad_max']
+    except (OSError, ValueError) as e:  # unreadable, not UTF-8, not JSON
+        fail(f"{f}: not a results.json ({type(e).__name__}: {e})")
+    except (KeyError, IndexError, TypeError, AttributeError) as e:
+        fail(f"{f}: not a results.json of compare.py (no {e} where one is read)")
+    return d
 
 
 def longest_split(f, d):

@@ -29,13 +29,28 @@ overrides = [a for a in args if a.startswith('--') and a != '--freeze_gates']
 if len(paths) != 2:
     fail("usage: python tools/replay.py CKPT OUT_DIR [--freeze_gates] [--key=value ...]")
 src, out_dir = paths
-if os.path.exists(os.path.join(out_dir, 'ckpt.pt')):
-    fail(f"{out_dir} already holds a run (ckpt.pt): give the replay a new directory")
 try:
     ckpt = torch.load(src, map_location='cpu', weights_only=False)
     config, groups = ckpt['config'], ckpt['optimizer']['param_groups']
 except Exception as e:  # a missing, truncated or foreign file
     fail(f"{src}: not a train.py checkpoint ({type(e).__name__}: {e})")
+
+
+def unstarted(folder):
+    """Whether folder holds only a replay that never ran a step: no log, and its ckpt.pt still at
+    the resume point (a bad --key=value ended train.py at start-up). Replacing it loses nothing."""
+    if os.path.exists(os.path.join(folder, 'log.jsonl')):
+        return False
+    try:
+        return torch.load(os.path.join(folder, 'ckpt.pt'), map_location='cpu', weights_only=False)['iter_num'] == ckpt['iter_num']
+    except Exception:
+        return False
+
+
+if os.path.exists(os.path.join(out_dir, 'ckpt.pt')):
+    if not unstarted(out_dir):
+        fail(f"{out_dir} already holds a run (ckpt.pt): give the replay a new directory")
+    print(f"note: {out_dir} holds a replay that never ran a step: replaced")
 
 if '--freeze_gates' in args:
     # the scalar gates are the 0-dim parameters (GPT.param_groups puts them in groups of their own)
