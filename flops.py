@@ -33,11 +33,10 @@ def lstm_flops(c):
     return c.n_layer * 2 * 4 * (2 * c.n_embd) * c.n_embd + 2 * c.n_embd * c.padded_vocab
 
 
-def flops_per_token(c, T, mode='plain', n_iter=8, n_grad=4, n_subsets=2, train=True, n_rounds=1, block_len=1, tol=None):
+def flops_per_token(c, T, mode='plain', n_iter=8, n_grad=4, n_subsets=2, train=True, n_rounds=1, block_len=1):
     """c: a GPTConfig (or an LSTMConfig). FLOPs per token of one step over sequences of T tokens: the forward, plus
-    with train the backward at 2x the forward of every pass that carries gradient. (block_len, tol:
-    taken so that a scheme dict passes whole; block training's cost does not depend on the first; with
-    the second Jacobi stops early, so this is its most: bench.py measures what a run takes.)"""
+    with train the backward at 2x the forward of every pass that carries gradient. (block_len:
+    taken so that a scheme dict passes whole; block training's cost does not depend on it.)"""
     if getattr(c, 'arch', 'gpt') == 'lstm':  # the baseline: one forward, whatever the mode
         return lstm_flops(c) * (3 if train else 1)
     L, lf, hf = c.n_layer, layer_flops(c, T), 2 * c.n_embd * c.padded_vocab

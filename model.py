@@ -441,12 +441,11 @@ class GPT(nn.Module):
     # forward passes
 
     def forward(self, idx, targets=None, mode='exact', n_iter=8, n_grad=4, n_subsets=2, rec_mask=None, n_rounds=1,
-                recompute=False, block_len=1, init_loss=True, tol=None):
+                recompute=False, block_len=1, init_loss=True):
         """idx, targets: (B, T) token ids (targets -1 = no loss). Returns (logits (B, T, V), loss).
         mode: 'plain'        the backbone alone, recurrence bypassed
               'exact'        the exact sequential recurrence (what generation computes)
-              'jacobi'       Jacobi iterations (D = n_iter, gradient through the last n_grad; tol: stop
-                             early at the fixed point, self.passes the span passes it took)
+              'jacobi'       Jacobi iterations (D = n_iter, gradient through the last n_grad)
               'interleaved'  n_subsets strided subsets refined in order, n_rounds times
               'block'        chunks of block_len tokens in order, the state crossing chunk boundaries only
               'zero'         the exact forward with every position reading an all-zero state
@@ -463,7 +462,7 @@ class GPT(nn.Module):
             C = block_len if mode == 'block' else 1
             x, _, _ = self._exact(idx, KVCache(self.config.n_layer, T), rec_mask, mode == 'zero', C)
         elif mode == 'jacobi':
-            x, _, _, self.passes = self._jacobi(idx, n_iter, n_grad, None, rec_mask, recompute, tol)
+            x = self._jacobi(idx, n_iter, n_grad, None, rec_mask, recompute)[0]
         else:
             return self.forward_interleaved(idx, targets, n_subsets, rec_mask, n_rounds, recompute, init_loss)
         return self._logits_loss(x, targets)
@@ -508,9 +507,8 @@ class GPT(nn.Module):
         token without gradient ('exact': the fixed point, so only the iterations with gradient
         run: the same states and gradient as D >= T, at the price of one exact loop); 2. D-1 iterations: fuse the shifted
         states, run the span, new states; the last n_grad carry gradient; 3. a final pass.
-        The span runs D+1 times. Exact after it: positions 0..D-1 ('plain'), 0..D ('zero'). tol:
-        stop iterating once no state moves by more than tol (training: then run the n_grad iterations
-        with gradient). -> (x_out, state_in, h_e, passes: how many times the span ran)."""
+        The span runs D+1 times. Exact after it: positions 0..D-1 ('plain'), 0..D ('zero'). tol
+        (prefill): stop once no state moves by more than tol. -> (x_out, state_in, h_e, passes)."""
         (B, T), D, grad = idx.shape, n_iter, torch.is_grad_enabled()
 
         def span(st, state_in=None):  # one pass of the span over the whole sequence, reading states st
@@ -533,19 +531,16 @@ class GPT(nn.Module):
                 zero = x.new_zeros(B, T, self.config.n_embd)
                 state_in = self.shift_states(self.next_state(span(zero), zero, rec_mask), idx, rec_mask)
         # 2. D-1 iterations; iteration d has D-1-d left and carries gradient when that is <= n_grad.
-        # tol: once an iteration without gradient moves no state by more than tol, the states are the
-        # fixed point (the exact recurrence's): skip to the n_grad iterations with gradient
-        d, passes = 0, 2
-        if self.config.jacobi_init == 'exact':  # already there: only the iterations with gradient run
-            d = max(0, D - 1 - (n_grad if grad else 0))
-        while d < D - 1:
-            with_grad = grad and D - 1 - d <= n_grad
-            with torch.set_grad_enabled(with_grad):
+        # From the exact states ('exact') the ones without gradient would change nothing: skipped
+        first = max(0, D - 1 - (n_grad if grad else 0)) if self.config.jacobi_init == 'exact' else 0
+        passes = 2  # the initial pass (or the exact loop) and the final pass
+        for d in range(first, D - 1):
+            with torch.set_grad_enabled(grad and D - 1 - d <= n_grad):
                 new = self.shift_states(self.next_state(span(state_in), state_in, rec_mask), idx, rec_mask)
-            converged = tol is not None and not with_grad and (new - state_in).abs().max().item() <= tol
-            state_in, d, passes = new, d + 1, passes + 1
-            if converged:
-                d = max(d, D - 1 - (n_grad if grad else 0))
+            converged = tol is not None and (new - state_in).abs().max().item() <= tol
+            state_in, passes = new, passes + 1
+            if converged:  # a fixed point: more iterations change nothing
+                break
         # 3. final pass: the span, then the layers above, with the state it read
         read = self.read(state_in, rec_mask)  # one StateIn for the span and the layers above
         h = span(state_in, read)

@@ -100,7 +100,6 @@ lrt_gate_channels = 0    # LRT gates read the first N channels of the normed inp
 train_mode = 'jacobi'    # 'plain' | 'jacobi' | 'interleaved' | 'block'
 n_iter = 8               # Jacobi: D iterations as in the official code (D+1 span passes: initial, D-1, final)
 n_grad = 4               # Jacobi: B, the last iterations that carry gradient (plus the final pass)
-jacobi_tol = 0.0         # Jacobi: > 0 stops iterating once no state moves by more than this (at most n_iter)
 jacobi_init = 'plain'    # Jacobi: the first guess from the plain model (official), the 'zero' state, or 'exact' (token by token)
 rec_residual_detach = False  # T2MLR: no gradient through R_{t-1} in m_t = h_t + R_{t-1} (official S5/GSM8K recipes)
 rec_scale_min = 0.2      # T2MLR: the bounds of the state's RMS scale clamp(1/rms(m_t), min, max)
@@ -217,8 +216,7 @@ if ddp:
     unused = recurrent and train_mode == 'plain'
     model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None, find_unused_parameters=unused)
 
-scheme = dict(mode=train_mode, n_iter=n_iter, n_grad=n_grad, n_subsets=n_subsets, n_rounds=n_rounds, block_len=block_len,
-              tol=jacobi_tol if jacobi_tol > 0 else None)
+scheme = dict(mode=train_mode, n_iter=n_iter, n_grad=n_grad, n_subsets=n_subsets, n_rounds=n_rounds, block_len=block_len)
 flops_per_iter = flops_per_token(raw_model.config, seq_len, **scheme) * tokens_per_iter
 if master:
     n_rec = sum(p.numel() for n, p in raw_model.named_parameters() if GPT.is_rec_param(n))
@@ -353,14 +351,13 @@ try:
                 break
 
             # one optimisation step over the global batch
-            loss_sum = passes = 0.0
+            loss_sum = 0.0
             micro_batches = batches.step(data_gen, batch_size, gradient_accumulation_steps, rank, accum_local)
             for micro, (x, y, rec_mask) in enumerate(micro_batches):
                 if ddp:  # synchronise gradients on the last micro-step only
                     model.require_backward_grad_sync = micro == accum_local - 1
                 with autocast:
                     _, loss = model(x, y, rec_mask=rec_mask, recompute=recompute, init_loss=init_loss, **scheme)
-                    passes += getattr(raw_model, 'passes', 0) / accum_local  # Jacobi: the span passes it took
                     loss_sum = loss_sum + loss.detach()
                     loss = loss / accum_local
                 scaler.scale(loss).backward()
@@ -379,7 +376,7 @@ try:
                 dist.all_reduce(flags, op=dist.ReduceOp.MAX)
             # one host sync per step: the flags, the gradient norm and this process's loss (the step statistics)
             loss_bad, grad_bad, stop, step_grad, neg_min_loss, step_loss = torch.cat([flags, lossf.float().view(1)]).tolist()
-            step_stats.add(step_loss, step_grad, passes)
+            step_stats.add(step_loss, step_grad)
             if loss_bad or grad_bad:  # before optimizer.step: the weights are still the last good ones
                 divergence(' and '.join(["non-finite train loss" + ('' if ddp else f" ({lossf.item()})")] * bool(loss_bad) +
                                            [f"non-finite gradient norm ({grad_norm.item()})"] * bool(grad_bad)))
@@ -404,7 +401,6 @@ try:
                     print(f"iter {iter_num}: loss {lossf.item():.4f} (mean {w['loss_mean']:.4f}, max {w['loss_max']:.4f}), "
                           f"grad norm {w['grad_norm']:.3g}" + (f" ({100 * w['clip_frac']:.0f}% clipped)" if grad_clip > 0 else "")
                           + (f", {w['skipped']} skipped" if skip_spike > 0 else "")
-                          + (f", {w['passes']:.1f} passes (max {w['passes_max']:.0f})" if jacobi_tol > 0 else "")
                           + f", time {dt * 1000:.1f}ms, {tokens_per_iter / dt:,.0f} tok/s" + (f", mfu {100 * mfu:.1f}%" if mfu else ""))
                     log_json({'iter': iter_num, 'type': 'train', 'loss': lossf.item(), **w, 'lr': lr,
                               'dt_ms': dt * 1000, 'tok_per_s': tokens_per_iter / dt, 'mfu': mfu})

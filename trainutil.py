@@ -49,8 +49,6 @@ def check_config(c):
         check_scheme(c.train_mode, c.n_iter, c.n_grad, c.n_subsets, c.n_rounds, block_len=c.block_len)
     except ValueError as e:
         fail(str(e))
-    if not 0 <= c.jacobi_tol < math.inf or (c.jacobi_tol > 0 and c.train_mode != 'jacobi'):
-        fail(f"jacobi_tol={c.jacobi_tol}: a tolerance >= 0 for train_mode='jacobi' (0: always n_iter iterations)")
     for k in ('batch_size', 'block_size', 'gradient_accumulation_steps', 'eval_interval', 'log_interval',
               'eval_iters', 'eval_exact_iters', 'eval_examples', 'eval_batch_size'):
         if getattr(c, k) < 1:
@@ -267,17 +265,16 @@ class StopRequest:
 
 class StepStats:
     """Per log interval: the loss's mean, largest value and largest step-to-step rise, the
-    gradient norm before clipping (mean, largest), the clipped share and the skipped steps, and
-    Jacobi's span passes a step (mean, largest; 0 for other schemes). And the spike guard's memory: the last `window` gradient norms, saved in checkpoints."""
+    gradient norm before clipping (mean, largest), the clipped share and the skipped steps.
+    And the spike guard's memory: the last `window` gradient norms, saved in checkpoints."""
 
     def __init__(self, grad_clip, window=50, recent=(), armed=False):
-        self.grad_clip, self.losses, self.grads, self.passes, self.last, self.skipped = grad_clip, [], [], [], None, 0
+        self.grad_clip, self.losses, self.grads, self.last, self.skipped = grad_clip, [], [], None, 0
         self.window, self.recent, self.armed = window, list(recent), armed
 
-    def add(self, loss, grad_norm, passes=0):
+    def add(self, loss, grad_norm):
         self.losses.append(loss)
         self.grads.append(grad_norm)
-        self.passes.append(passes)
 
     def spike(self, grad_norm, factor, loss=0.0, arm_below=0.0):
         """True if this step's gradient norm is more than factor x the median of the last `window`
@@ -299,8 +296,8 @@ class StepStats:
         out = dict(loss_mean=sum(losses) / len(losses), loss_max=max(losses), jump_max=max(jumps, default=0.0),
                    grad_norm=sum(grads) / len(grads), grad_norm_max=max(grads),
                    clip_frac=sum(g > clip for g in grads) / len(grads) if clip > 0 else 0.0, skipped=self.skipped,
-                   guard_armed=self.armed, passes=sum(self.passes) / len(self.passes), passes_max=max(self.passes))
-        self.losses, self.grads, self.passes, self.last, self.skipped = [], [], [], losses[-1], 0
+                   guard_armed=self.armed)
+        self.losses, self.grads, self.last, self.skipped = [], [], losses[-1], 0
         return out
 
 # -----------------------------------------------------------------------------
