@@ -163,6 +163,12 @@ if device_type == 'cuda' and not torch.cuda.is_available():
 if threads > 0:
     torch.set_num_threads(threads)
 device_type, ptdtype, ctx = device_setup(device, dtype, seed)
+if prefill_ckpt:  # read now: a bad (or crafted: refused unrun) file fails before minutes of timing
+    from checkpoint import CheckpointError, load_checkpoint
+    try:
+        prefill_model = load_checkpoint(prefill_ckpt, device)[0].eval()
+    except CheckpointError as e:
+        fail(str(e))
 
 
 def sync():
@@ -539,11 +545,7 @@ print(f"\n3. prefill: batch {prefill_batch} x {prefill_len} tokens, Jacobi k={pr
 prompts = {r: torch.randint(0, vocab_size, (prefill_batch, prefill_len), generator=torch.Generator().manual_seed(seed))
            .to(device) for r in models}
 if prefill_ckpt:  # a trained model: random ids of its vocabulary are inputs of the s5 tasks (parity, S3)
-    from checkpoint import CheckpointError, load_checkpoint
-    try:
-        models['ckpt'] = load_checkpoint(prefill_ckpt, device)[0].eval()
-    except CheckpointError as e:
-        fail(str(e))
+    models['ckpt'] = prefill_model
     NAMES['ckpt'] = 'ckpt'
     c = models['ckpt'].config
     prompts['ckpt'] = torch.randint(0, c.vocab_size, (prefill_batch, min(prefill_len, c.block_size)),

@@ -5,6 +5,7 @@ and the import of a pretrained Hugging Face Llama (SmolLM2, ...) for retrofittin
   save_checkpoint(ckpt, path)          atomic and durable (temp file, fsync, rename, fsync dir)
   load_checkpoint(path) -> (model, ckpt)   every failure one CheckpointError line; checkpoints
                                        of older versions of this repo are upgraded on load
+  read_checkpoint(path) -> ckpt        the file alone, unpickled safely (weights_only: no code runs)
   build_model(model_args)              model.GPT, or lstm.LSTM (the baseline) for arch='lstm'
   from_pretrained(name, **overrides)   a Hugging Face Llama checkpoint as a GPT, the recurrence at identity
   to_hf_llama(model)                   the backbone of a GPT as a transformers LlamaForCausalLM (same weights)
@@ -13,6 +14,7 @@ and the import of a pretrained Hugging Face Llama (SmolLM2, ...) for retrofittin
 import os
 import re
 
+import numpy as np
 import torch
 
 import dataset
@@ -44,6 +46,35 @@ def save_checkpoint(ckpt, path):
             os.close(fd)
     except OSError:
         pass
+
+
+# What our checkpoints hold beyond tensors and plain Python data: numpy's RNG state (an ndarray of
+# uint32; numpy 1 pickles its rebuild function under numpy.core, numpy 2 under numpy._core). A
+# checkpoint is a pickle, and a pickle can name any function to call on load: torch.load with
+# weights_only=True calls none but these, so a shared checkpoint cannot run code.
+_rebuild = np._core.multiarray._reconstruct if hasattr(np, '_core') else np.core.multiarray._reconstruct
+SAFE_GLOBALS = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), _rebuild,
+                (_rebuild, 'numpy.core.multiarray._reconstruct'), (_rebuild, 'numpy._core.multiarray._reconstruct')]
+
+
+def read_checkpoint(path, device='cpu'):
+    """torch.load of a checkpoint file with weights_only=True and the allowlist above. A file that
+    needs anything else (a pickle that would call a function: what a crafted file does to run code)
+    is refused, one CheckpointError line, before anything of it runs."""
+    import pickle
+    try:
+        with torch.serialization.safe_globals(SAFE_GLOBALS):
+            return torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as e:
+        m = re.search(r'(?:Unsupported global|Unsupported operand|GLOBAL) ?:? ?(\S+)', str(e))
+        if 'Weights only load failed' in str(e):
+            raise CheckpointError(f"{path} was refused: loading it would call {m.group(1) if m else 'code'}, which no "
+                                  f"checkpoint of this repo holds (a crafted or foreign file; torch.load(weights_only=True))") from None
+        raise CheckpointError(f"{path} is not a readable checkpoint (corrupt or truncated?): {dataset.short(e)}") from None
+    except PermissionError:
+        raise CheckpointError(f"cannot read {path} (permission denied)") from None
+    except Exception as e:
+        raise CheckpointError(f"{path} is not a readable checkpoint (corrupt or truncated?): {type(e).__name__}: {e}") from None
 
 
 def remove_stale_tmp(path):
@@ -104,10 +135,7 @@ def load_checkpoint(path, device='cpu'):
     (GPTConfig fields). Every failure is one CheckpointError line."""
     if not os.path.isfile(path):
         raise CheckpointError(f"no checkpoint at {path}")
-    try:
-        ckpt = torch.load(path, map_location=device, weights_only=False)
-    except Exception as e:
-        raise CheckpointError(f"{path} is not a readable checkpoint (corrupt or truncated?): {type(e).__name__}: {e}") from None
+    ckpt = read_checkpoint(path, device)
     if not isinstance(ckpt, dict) or 'model' not in ckpt or 'model_args' not in ckpt:
         raise CheckpointError(f"{path} is not a checkpoint of this repo (no 'model'/'model_args')")
     lstm = ckpt['model_args'].get('arch') == 'lstm'

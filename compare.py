@@ -400,10 +400,12 @@ def plot_depth(plt):
 def flops_of(name):
     """The model's FLOPs per trained token under its scheme (flops.py), from the first seed's
     checkpoint config and the scheme arguments of its command."""
-    import torch
-    from checkpoint import model_config
+    from checkpoint import CheckpointError, model_config, read_checkpoint
     from flops import flops_per_token
-    ck = torch.load(os.path.join(out_dir, f'{name}_s{seed_list[0]}', 'ckpt.pt'), map_location='cpu', weights_only=False)
+    try:
+        ck = read_checkpoint(os.path.join(out_dir, f'{name}_s{seed_list[0]}', 'ckpt.pt'))  # weights_only: runs no code
+    except CheckpointError as e:
+        fail(str(e))
     cfg = ck['config']
     T = cfg['block_size'] if text else lengths[0]  # tokens per training row
     return flops_per_token(model_config(ck['model_args']), T, mode=cfg['train_mode'], n_iter=cfg['n_iter'],

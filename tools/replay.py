@@ -21,6 +21,7 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from checkpoint import CheckpointError, read_checkpoint  # noqa: E402
 from configurator import fail  # noqa: E402
 
 args = sys.argv[1:]
@@ -32,9 +33,11 @@ src, out_dir = paths
 if os.path.exists(os.path.join(out_dir, 'ckpt.pt')):
     fail(f"{out_dir} already holds a run (ckpt.pt): give the replay a new directory")
 try:
-    ckpt = torch.load(src, map_location='cpu', weights_only=False)
+    ckpt = read_checkpoint(src)  # weights_only: a crafted file is refused before it runs anything
     config, groups = ckpt['config'], ckpt['optimizer']['param_groups']
-except Exception as e:  # a missing, truncated or foreign file
+except CheckpointError as e:
+    fail(str(e))
+except Exception as e:  # a missing or foreign file
     fail(f"{src}: not a train.py checkpoint ({type(e).__name__}: {e})")
 
 if '--freeze_gates' in args:
