@@ -264,6 +264,16 @@ def alive(pid):
     return True
 
 
+def end_with_parent():
+    """In the child, before train.py starts (Linux): SIGTERM it when compare.py dies, even by kill -9,
+    which runs no cleanup; it then saves at its step boundary and exits."""
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the except below still ends the child on every exit compare.py survives
+
+
 def run(name, seed):
     run_dir = os.path.join(out_dir, f'{name}_s{seed}')
     steps = steps_of(name)
@@ -278,6 +288,10 @@ def run(name, seed):
     if owner and alive(owner):
         fail(f"{run_dir} is being trained now by process {owner} (another compare.py with this "
              f"--out_dir?): wait for it, or stop it; delete {lock} if no such process is training it")
+    from dataset import lock_holder
+    holder = lock_holder(run_dir)  # train.py's own lock: a trainer still running there (its compare.py killed?)
+    if holder:
+        fail(f"{run_dir} is being trained now by process {holder}: wait for it, or stop it")
     if os.path.exists(os.path.join(run_dir, 'log.jsonl')):
         os.remove(os.path.join(run_dir, 'log.jsonl'))
     cmd = [sys.executable, os.path.join(here, 'train.py')] + [os.path.join(here, a) if a.endswith('.py') else a
@@ -292,7 +306,7 @@ def run(name, seed):
     os.makedirs(run_dir, exist_ok=True)
     open(lock, 'w').write(str(os.getpid()))
     try:
-        p = subprocess.Popen(cmd)
+        p = subprocess.Popen(cmd, preexec_fn=end_with_parent)
         try:
             p.wait()
         except BaseException:  # Ctrl-C or SIGTERM: stop the training with us (it saves at its step boundary;

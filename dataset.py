@@ -266,6 +266,67 @@ def hf_tokenizer(name):
 
 
 # -----------------------------------------------------------------------------
+# one writer per folder: train.py on its out_dir, prepare.py on its dataset (compare.py's
+# children are train.py). An OS lock, not a marker file: the kernel drops it when the process
+# ends however it ends (kill -9 too), so a crash never leaves a stale lock behind.
+
+_LOCKS = {}  # real path of a folder -> the fd of the lock this process holds on it
+
+
+def lock_folder(folder, what):
+    """Hold an exclusive fcntl.flock on folder/.lock (our PID written in it) until this process
+    ends or unlock_folder. Re-entrant in one process. Held by another: one DataError line naming
+    its PID. what: the writer, for that line (e.g. 'a train.py run')."""
+    import fcntl
+    key, path = os.path.realpath(folder), os.path.join(folder, '.lock')
+    if key in _LOCKS:
+        return
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise DataError(f"cannot write {path} ({e.strerror}): {folder} must be writable") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid = os.pread(fd, 20, 0).decode(errors='replace').strip() or 'unknown'
+        os.close(fd)
+        raise DataError(f"{folder} is in use by process {pid} ({what} cannot share it with another writer): "
+                        f"wait for that process to end or stop it, or use another folder") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    _LOCKS[key] = fd
+
+
+def unlock_folder(folder):
+    fd = _LOCKS.pop(os.path.realpath(folder), None)
+    if fd is not None:
+        os.close(fd)  # closing the fd drops the lock
+
+
+def release_locks():
+    """Drop every lock this process holds (what its exit does; for scripts run in-process by tests)."""
+    for key in list(_LOCKS):
+        unlock_folder(key)
+
+
+def lock_holder(folder):
+    """The PID written in folder/.lock while another process holds it, else None."""
+    import fcntl
+    if os.path.realpath(folder) in _LOCKS:
+        return None
+    try:
+        fd = os.open(os.path.join(folder, '.lock'), os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None
+    except BlockingIOError:
+        return os.pread(fd, 20, 0).decode(errors='replace').strip() or 'unknown'
+    finally:
+        os.close(fd)  # (drops the probe's own shared lock)
+
+# -----------------------------------------------------------------------------
 # writing a dataset: temp name + os.replace per file, meta.json last
 
 def dtype_for(vocab_size):
@@ -280,6 +341,7 @@ def begin_dataset(out_dir):
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:
         raise DataError(f"cannot create the dataset folder {out_dir} ({short(e)})") from None
+    lock_folder(out_dir, 'prepare.py')  # two writers of one dataset would mix their files
     try:
         os.remove(os.path.join(out_dir, 'meta.json'))
     except FileNotFoundError:
@@ -347,6 +409,7 @@ def write_meta(out_dir, meta):
     meta = dict(meta, version=FORMAT_VERSION)
     with AtomicFile(os.path.join(out_dir, 'meta.json'), 'w') as f:
         json.dump(meta, f, indent=1)
+    unlock_folder(out_dir)  # the last file of a dataset: its writer is done
 
 
 def write_examples(out_dir, split, generate, n, dtype, seed):

@@ -429,12 +429,15 @@ def init_processes(device, ddp_timeout, gradient_accumulation_steps):
 
 
 def make_out_dir(out_dir, ckpt_path, best_path):
-    """The run's folder (rank 0), and the temp files of saves killed mid-write (kill -9, OOM) gone."""
+    """The run's folder (rank 0), locked for this process (one run per folder: another writer is
+    refused, naming its PID), and the temp files of saves killed mid-write (kill -9, OOM) gone."""
     from checkpoint import remove_stale_tmp
+    from dataset import lock_folder
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:  # a path through a file, no permission
         fail(f"out_dir={out_dir}: cannot create the folder ({e.strerror})")
+    lock_folder(out_dir, 'a train.py run')
     for p in (ckpt_path, best_path):
         for f in remove_stale_tmp(p):
             print(f"note: removed {f}, left by an interrupted save")

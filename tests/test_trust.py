@@ -63,3 +63,55 @@ def test_real_checkpoints_still_load(world):
     assert ck['rng']['numpy'][1].dtype.name == 'uint32' and ck['iter_num'] == 2
     fixture = torch.load(os.path.join(ROOT, 'tests', 'fixtures', 'fingerprint.pt'), weights_only=True)
     assert fixture
+
+# -----------------------------------------------------------------------------
+# 2. one writer per folder
+
+
+@pytest.fixture
+def holder(tmp_path):
+    """A process holding the lock of a folder (as a running train.py or prepare.py does) -> start(folder) -> its pid."""
+    procs = []
+
+    def start(folder):
+        code = (f"import sys; sys.path.insert(0, {ROOT!r}); import dataset, time; "
+                f"dataset.lock_folder({str(folder)!r}, 'a test'); print('locked', flush=True); time.sleep(600)")
+        os.makedirs(folder, exist_ok=True)
+        p = subprocess.Popen([sys.executable, '-c', code], stdout=subprocess.PIPE, text=True)
+        assert p.stdout.readline().strip() == 'locked'
+        procs.append(p)
+        return p.pid
+    yield start
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def test_second_writer_is_refused_naming_the_holder(world, tmp_path, holder):
+    import dataset
+    run_dir = tmp_path / 'run'
+    pid = holder(run_dir)
+    assert dataset.lock_holder(str(run_dir)) == str(pid)  # what compare.py checks before it starts a trainer
+    for extra in ([], ['--overwrite=True'], ['--init_from=resume']):
+        code, out, err = in_process('train.py', train_args(world, run_dir, *extra), tmp_path)
+        lines = err.strip().splitlines()
+        assert code != 0 and len(lines) == 1 and f'in use by process {pid}' in lines[0], (extra, err)
+    assert sorted(os.listdir(run_dir)) == ['.lock']  # nothing written
+    # prepare.py on a dataset folder another writer holds
+    data_dir = tmp_path / 'data'
+    pid = holder(data_dir)
+    code, err = prep('s5', '--group=Z2', '--n_train=8', '--n_val=2', '--n_test=2', '--train_len=4', '--test_lens=6',
+                     f'--out_dir={data_dir}')
+    assert code != 0 and f'in use by process {pid}' in err and 'Traceback' not in err
+    assert sorted(os.listdir(data_dir)) == ['.lock']
+
+
+def test_lock_goes_with_its_process(world, tmp_path):
+    # a writer killed by kill -9 (no cleanup) leaves no stale lock: the next run starts
+    import dataset
+    run_dir = tmp_path / 'run'
+    os.makedirs(run_dir)
+    subprocess.run([sys.executable, '-c', f"import sys, os; sys.path.insert(0, {ROOT!r}); import dataset; "
+                    f"dataset.lock_folder({str(run_dir)!r}, 'x'); os.kill(os.getpid(), 9)"])
+    assert (run_dir / '.lock').read_text().strip() and dataset.lock_holder(str(run_dir)) is None
+    in_process('train.py', train_args(world, run_dir), tmp_path, check=True)
