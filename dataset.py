@@ -27,7 +27,8 @@ holding meta.json and binary files:
              {"prompt_len": [int], "answer": [str]} per row (for answer accuracy, sample.py).
 
 Writes are atomic: each file goes to a temporary name in the same folder and is os.replace'd,
-an old meta.json is deleted before anything else is written, and the new one is written LAST.
+an old dataset is moved aside before anything is written (and put back if the write fails or is
+interrupted, deleted once it succeeds), and the new meta.json is written LAST.
 load_meta() also checks every file's size, so an interrupted run is never accepted.
 """
 
@@ -79,6 +80,8 @@ def load_meta(data_dir):
     if not os.path.isdir(data_dir):
         raise DataError(f"no dataset at {data_dir} (no such folder, so no meta.json): {hint}")
     if not os.path.isfile(path):
+        for old in stale_asides(data_dir):
+            hint = f"the previous dataset is in {old} (a re-prepare was killed): move its files back, or {hint}"
         raise DataError(f"{data_dir} has no meta.json (never prepared, or the preparation was interrupted): {hint}")
     try:
         with open(path) as f:
@@ -334,20 +337,88 @@ def dtype_for(vocab_size):
 
 
 def begin_dataset(out_dir):
-    """Create out_dir and delete an old meta.json first: from here until the new meta.json
-    lands, the folder is not a dataset (a crash half-way leaves nothing loadable). Also removes
-    the temp files of writers that were killed (kill -9, OOM), which nothing else would."""
+    """Create and lock out_dir, and move an old dataset's files aside: from here until the new
+    meta.json lands (write_meta, which deletes them) the folder is not a dataset (a crash half-way
+    leaves nothing loadable), and a failure or an interrupt puts the old one back (abort_dataset).
+    Also removes the temp files of writers that were killed (kill -9, OOM), which nothing else would."""
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:
         raise DataError(f"cannot create the dataset folder {out_dir} ({short(e)})") from None
     lock_folder(out_dir, 'prepare.py')  # two writers of one dataset would mix their files
-    try:
-        os.remove(os.path.join(out_dir, 'meta.json'))
-    except FileNotFoundError:
-        pass
+    if os.path.realpath(out_dir) in _REPLACING:  # a write of this process that failed (library use): undone first
+        abort_dataset(out_dir)
+        lock_folder(out_dir, 'prepare.py')
     for f in remove_stale_tmp(out_dir):
         print(f"note: removed {f}, left by an interrupted prepare", file=sys.stderr)
+    _REPLACING[os.path.realpath(out_dir)] = move_aside(out_dir, dataset_files(out_dir))
+
+
+def dataset_files(folder):
+    """The files of a dataset in folder (not whatever else a user keeps there)."""
+    return [f for f in sorted(os.listdir(folder)) if re.fullmatch(r'meta\.json|.+\.bin|.+_answers\.json', f)]
+
+
+def abort_dataset(out_dir):
+    """A write that failed or was interrupted: its files go, the old dataset (if any) comes back."""
+    key = os.path.realpath(out_dir)
+    if key in _REPLACING:
+        old = _REPLACING.pop(key)
+        if old:
+            put_back(old, dataset_files(out_dir))
+        else:
+            for f in dataset_files(out_dir):
+                os.remove(os.path.join(out_dir, f))
+    unlock_folder(out_dir)
+
+
+def abort_datasets():
+    """abort_dataset for every write this process began and did not finish (prepare.py, at exit)."""
+    for key in list(_REPLACING):
+        abort_dataset(key)
+
+# -----------------------------------------------------------------------------
+# replacing a run or a dataset: the old files are moved aside into folder/.old.<pid> (inside the
+# folder: one rename each, and the lock stays where it is), deleted only once the new one exists,
+# and put back if it never does. A process killed meanwhile (kill -9) leaves that folder: noted.
+
+_REPLACING = {}  # real path of a dataset being written -> the folder holding the old one, or None
+
+
+def move_aside(folder, names):
+    """Move those of names that are files in folder into folder/.old.<pid> -> its path (None: no file)."""
+    there = [f for f in names if os.path.isfile(os.path.join(folder, f))]
+    if not there:
+        return None
+    aside = os.path.join(folder, f'.old.{os.getpid()}')
+    os.makedirs(aside, exist_ok=True)
+    for f in there:
+        os.replace(os.path.join(folder, f), os.path.join(aside, f))
+    return aside
+
+
+def put_back(aside, new):
+    """Undo move_aside: the new files (names) go, the old ones return."""
+    folder = os.path.dirname(aside)
+    for f in new:
+        if os.path.isfile(os.path.join(folder, f)):
+            os.remove(os.path.join(folder, f))
+    for f in os.listdir(aside):
+        os.replace(os.path.join(aside, f), os.path.join(folder, f))
+    os.rmdir(aside)
+
+
+def drop_aside(aside):
+    """The new run or dataset exists: the old one moved aside goes. -> None"""
+    if aside:
+        import shutil
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def stale_asides(folder):
+    """What processes killed mid-replacement left in folder (.old.<pid>, that pid gone)."""
+    names = os.listdir(folder) if os.path.isdir(folder) else []
+    return [os.path.join(folder, f) for f in sorted(names) if re.fullmatch(r'\.old\.(\d+)', f) and not pid_alive(int(f[5:]))]
 
 
 def remove_stale_tmp(folder, pattern=r'.+\.(?:bin|json)\.tmp\.(\d+)'):
@@ -409,6 +480,7 @@ def write_meta(out_dir, meta):
     meta = dict(meta, version=FORMAT_VERSION)
     with AtomicFile(os.path.join(out_dir, 'meta.json'), 'w') as f:
         json.dump(meta, f, indent=1)
+    drop_aside(_REPLACING.pop(os.path.realpath(out_dir), None))  # the new dataset exists: the old one goes
     unlock_folder(out_dir)  # the last file of a dataset: its writer is done
 
 
@@ -474,7 +546,6 @@ def write_task(out_dir, cfg, name, itos, make_gen, sizes, row_len=None, **extra)
                         f"use fewer rows (--n_train=...) or shorter rows")
     begin_dataset(out_dir)
     splits = {}
-    written = [os.path.join(out_dir, f"{split}_{xy}.bin") for split, _, _ in sizes for xy in 'xym']
     try:
         for split, n, param in sizes:
             splits[split] = write_examples(out_dir, split, make_gen(param), n, dtype, cfg['seed'])
@@ -483,9 +554,7 @@ def write_task(out_dir, cfg, name, itos, make_gen, sizes, row_len=None, **extra)
                                  itos=itos, reset_token=None, splits=splits, args=cfg, **extra,
                                  **(dict(rec_mask=True) if masked else {})))
     except BaseException:
-        for path in written:  # this run's splits, and an older run's: nothing half-made stays
-            if os.path.exists(path):
-                os.remove(path)
+        abort_dataset(out_dir)  # this run's splits go, the old dataset comes back: nothing half-made stays
         raise
     return splits
 

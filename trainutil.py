@@ -62,6 +62,11 @@ def check_config(c):
         fail(f"rec_lr_mult={c.rec_lr_mult}: must be >= 0 (0 freezes the recurrence's own parameters)")
     if c.rec_gate_gain < 0:
         fail(f"rec_gate_gain={c.rec_gate_gain}: must be >= 0 (0 = auto: 1.0 from scratch, 1e-2 retrofit)")
+    if c.compile:  # torch.compile looks its backend up only after the model is built (and an old run moved aside)
+        import torch._dynamo as dynamo
+        if c.compile_backend not in dynamo.list_backends(exclude_tags=()):
+            fail(f"compile_backend={c.compile_backend!r} is not a torch.compile backend; expected e.g. "
+                 f"{', '.join(dynamo.list_backends())}")
     if c.device.startswith('cuda') and not torch.cuda.is_available():
         fail(f"device={c.device} but torch.cuda.is_available() is False (use --device=cpu)")
     import importlib.util
@@ -391,14 +396,35 @@ def restore_state(ckpt, ckpt_path, optimizer, data_gen, cuda):
         fail(f"{ckpt_path}: cannot resume the optimizer/data state ({type(e).__name__}: {e})")
 
 
-def remove_previous_run(out_dir):
-    """overwrite=True, once every check has passed: the old run goes now (its log too: a new
-    run's records must not follow an old run's)."""
-    gone = [f for f in ('ckpt.pt', 'best.pt', 'log.jsonl') if os.path.isfile(os.path.join(out_dir, f))]
-    for f in gone:
-        os.remove(os.path.join(out_dir, f))
-    if gone:
-        print(f"note: overwrite=True: removed the previous run's {', '.join(gone)} from {out_dir}")
+RUN_FILES = ('ckpt.pt', 'best.pt', 'log.jsonl')  # a run's own files (a new run's records must not follow an old run's)
+
+
+def set_aside_previous_run(out_dir):
+    """overwrite=True, once every check has passed: the old run's files move aside (dataset.move_aside),
+    to be deleted at the new run's first checkpoint (drop_aside), or put back if the new run ends
+    before it (restore_previous_run). -> where they are, or None."""
+    from dataset import move_aside
+    aside = move_aside(out_dir, RUN_FILES)
+    if aside:
+        print(f"note: overwrite=True: the previous run's files are in {aside} until this run's first checkpoint")
+    return aside
+
+
+def drop_previous_run(aside):
+    """This run's first checkpoint has landed: the old run moved aside goes. -> None"""
+    from dataset import drop_aside
+    if aside:
+        gone = [f for f in RUN_FILES if os.path.isfile(os.path.join(aside, f))]
+        drop_aside(aside)
+        print(f"note: overwrite=True: removed the previous run's {', '.join(gone)} from {os.path.dirname(aside)}")
+
+
+def restore_previous_run(aside):
+    """The new run ended (failed, diverged, stopped) before its first checkpoint: the old one is back."""
+    from dataset import put_back
+    if aside:
+        put_back(aside, RUN_FILES)
+        print(f"note: no checkpoint of the new run: the previous run is back in {os.path.dirname(aside)}", file=sys.stderr)
 
 # -----------------------------------------------------------------------------
 # processes
@@ -432,12 +458,15 @@ def make_out_dir(out_dir, ckpt_path, best_path):
     """The run's folder (rank 0), locked for this process (one run per folder: another writer is
     refused, naming its PID), and the temp files of saves killed mid-write (kill -9, OOM) gone."""
     from checkpoint import remove_stale_tmp
-    from dataset import lock_folder
+    from dataset import lock_folder, stale_asides
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:  # a path through a file, no permission
         fail(f"out_dir={out_dir}: cannot create the folder ({e.strerror})")
     lock_folder(out_dir, 'a train.py run')
+    for old in stale_asides(out_dir):
+        print(f"note: {old} holds the files of a run that a killed --overwrite=True run had moved aside: "
+              f"move them back to keep that run, or delete it", file=sys.stderr)
     for p in (ckpt_path, best_path):
         for f in remove_stale_tmp(p):
             print(f"note: removed {f}, left by an interrupted save")

@@ -115,3 +115,81 @@ def test_lock_goes_with_its_process(world, tmp_path):
                     f"dataset.lock_folder({str(run_dir)!r}, 'x'); os.kill(os.getpid(), 9)"])
     assert (run_dir / '.lock').read_text().strip() and dataset.lock_holder(str(run_dir)) is None
     in_process('train.py', train_args(world, run_dir), tmp_path, check=True)
+
+# -----------------------------------------------------------------------------
+# 3. an overwrite or a re-prepare loses nothing until the new one exists
+
+
+def kept(folder):
+    """A folder's files, but the lock (which holds the last writer's PID)."""
+    return {f: v for f, v in snapshot(folder).items() if f != '.lock'}
+
+
+def run_files(folder):
+    return {f: v for f, v in snapshot(folder).items() if f in ('ckpt.pt', 'best.pt', 'log.jsonl')}
+
+
+def test_overwrite_keeps_the_old_run_until_the_new_one_checkpoints(world, tmp_path):
+    before = run_files(world / 'run')
+    for f in before:
+        (tmp_path / f).write_bytes(before[f])
+    # a bad compile backend: refused at start, before anything is touched
+    code, out, err = in_process('train.py', train_args(world, tmp_path, '--overwrite=True', '--compile=True',
+                                                       '--compile_backend=foo'), world)
+    one_line(code, err, "compile_backend='foo'")
+    assert run_files(tmp_path) == before
+    # a new run that ends before its first checkpoint (here: max_iters=0, nothing to save): the old one is back
+    code, out, err = in_process('train.py', train_args(world, tmp_path, '--overwrite=True', '--max_iters=0'), world)
+    assert code == 0 and 'the previous run is back' in err
+    assert run_files(tmp_path) == before and not [f for f in os.listdir(tmp_path) if f.startswith('.old.')]
+    # and one that checkpoints replaces it
+    in_process('train.py', train_args(world, tmp_path, '--overwrite=True', '--seed=5'), world, check=True)
+    assert run_files(tmp_path)['ckpt.pt'] != before['ckpt.pt'] and not [f for f in os.listdir(tmp_path) if f.startswith('.old.')]
+
+
+def test_failed_or_interrupted_reprepare_keeps_the_old_dataset(tmp_path):
+    import numpy as np
+    from dataset import DataError, load_meta, write_task
+    out = str(tmp_path / 'toy')
+    (tmp_path / 'toy').mkdir()
+    (tmp_path / 'toy' / 'notes.txt').write_text('mine')  # not a dataset file: never moved or removed
+
+    def make_gen(fail_after):
+        calls = [0]
+
+        def generate(rng, rows):
+            calls[0] += 1
+            if calls[0] > fail_after:
+                raise fail_after_exc
+            x = rng.integers(0, 2, (rows, 4))
+            return x, x.astype(np.int32)
+        return lambda param: generate
+    sizes = [('train', 8, 4), ('val', 4, 4)]
+    write_task(out, {'seed': 0}, 'toy', ['a', 'b'], make_gen(99), sizes)
+    before = kept(out)
+    for fail_after_exc in (RuntimeError('generator bug'), KeyboardInterrupt()):  # a bug; SIGINT/SIGTERM (prepare.py)
+        with pytest.raises(type(fail_after_exc)):
+            write_task(out, {'seed': 1}, 'toy', ['a', 'b'], make_gen(2), sizes)  # the probe row, then train, then fails
+        assert kept(out) == before
+        assert load_meta(out)['args'] == {'seed': 0}
+    with pytest.raises(DataError):  # (a checked failure: nothing was touched either)
+        write_task(out, {'seed': -1}, 'toy', ['a', 'b'], make_gen(99), sizes)
+    assert kept(out) == before
+
+
+def test_sigterm_during_reprepare_keeps_the_old_dataset(tmp_path):
+    import signal
+    import time
+    out = tmp_path / 's5'
+    small = ['s5', '--group=Z2', '--n_val=2', '--n_test=2', '--train_len=8', '--test_lens=12', f'--out_dir={out}']
+    assert prep(*small, '--n_train=8')[0] == 0
+    before = kept(out)
+    p = subprocess.Popen([sys.executable, os.path.join(ROOT, 'prepare.py'), *small, '--n_train=20000000'],
+                         stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not any(f.startswith('.old.') for f in os.listdir(out)) and time.time() < deadline:
+        time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)
+    err = p.communicate(timeout=60)[1]
+    assert p.returncode == 130 and 'interrupted' in err and 'Traceback' not in err, err
+    assert kept(out) == before
