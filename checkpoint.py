@@ -31,13 +31,22 @@ class CheckpointError(ValueError):
 def save_checkpoint(ckpt, path):
     """Write a temporary file next to path, fsync it, rename it over path, fsync the folder:
     an interrupted save (or a power cut) never destroys the last good checkpoint. A save
-    killed mid-write leaves path.tmp.<pid>: remove_stale_tmp."""
+    killed mid-write leaves path.tmp.<pid>: remove_stale_tmp. A save that fails (a full disk,
+    no permission) removes its temp file and is one dataset.DataError line."""
     tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, 'wb') as f:
-        torch.save(ckpt, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, 'wb') as f:
+            torch.save(ckpt, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:  # a full disk, a folder turned read-only: one line, path untouched
+        error = dataset.write_error(e, path)  # (before the partial file goes: a full disk still looks full)
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        if error is None:
+            raise
+        raise error from None
     try:  # make the rename durable (a no-op where folders cannot be opened)
         fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
         try:

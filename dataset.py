@@ -52,6 +52,25 @@ class DataError(SystemExit):
         super().__init__(f"error: {msg}")
 
 
+def write_error(e, path):
+    """A failed write of path as one DataError line: a full disk says so (torch.save's own error on
+    one is a RuntimeError, 'unexpected pos', that never does). An error that is not about the
+    file or the disk: None (the caller re-raises it)."""
+    import errno
+    import shutil
+    if isinstance(e, OSError):
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return DataError(f"no space left on the device holding {path}")
+        return DataError(f"cannot write {path} ({e.strerror or short(e)})")
+    try:
+        full = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free < 2**20
+    except OSError:
+        full = False
+    if full or 'unexpected pos' in str(e) or 'No space left' in str(e):
+        return DataError(f"no space left on the device holding {path}")
+    return None
+
+
 def short(e, n=160):
     """An exception as one short line."""
     lines = str(e).strip().splitlines()
@@ -79,6 +98,8 @@ def load_meta(data_dir):
             "or write your own task with dataset.write_task (docs/usage.md)")
     if not os.path.isdir(data_dir):
         raise DataError(f"no dataset at {data_dir} (no such folder, so no meta.json): {hint}")
+    if not os.access(data_dir, os.R_OK | os.X_OK):  # else its files look absent: "never prepared"
+        raise DataError(f"cannot read {data_dir} (permission denied)")
     if not os.path.isfile(path):
         for old in stale_asides(data_dir):
             hint = f"the previous dataset is in {old} (a re-prepare was killed): move its files back, or {hint}"
@@ -98,7 +119,17 @@ def load_meta(data_dir):
                     raise DataError(f"{fpath} is missing or has the wrong size (expected {want} bytes): re-run prepare.py")
     except (ValueError, KeyError, TypeError, AssertionError) as e:
         raise DataError(f"{path} is not a valid meta.json ({short(e)}): re-run prepare.py") from None
+    except OSError as e:
+        raise DataError(f"cannot read {e.filename or path} ({e.strerror})") from None
     return meta
+
+
+def memmap(path, dtype):
+    """np.memmap(path, mode='r'): an unreadable file is one DataError line."""
+    try:
+        return np.memmap(path, dtype=dtype, mode='r')
+    except OSError as e:
+        raise DataError(f"cannot read {path} ({e.strerror})") from None
 
 
 def load_split(data_dir, split, meta=None):
@@ -107,8 +138,7 @@ def load_split(data_dir, split, meta=None):
     meta = meta if meta is not None else load_meta(data_dir)
     if split not in meta['splits']:
         raise DataError(f"{data_dir} has no split {split!r}; available: {', '.join(meta['splits'])}")
-    arrays = [np.memmap(os.path.join(data_dir, fname), dtype=dtype, mode='r')
-              for fname, dtype, _ in split_files(meta, split)[:2]]
+    arrays = [memmap(os.path.join(data_dir, fname), dtype) for fname, dtype, _ in split_files(meta, split)[:2]]
     if meta['format'] == 'tokens':
         return arrays[0]
     T = meta['splits'][split]['len']
@@ -121,7 +151,7 @@ def load_rec_mask(data_dir, split, meta):
     if not meta.get('rec_mask'):
         return None
     T = meta['splits'][split]['len']
-    return np.memmap(os.path.join(data_dir, f"{split}_m.bin"), dtype=np.uint8, mode='r').reshape(-1, T)
+    return memmap(os.path.join(data_dir, f"{split}_m.bin"), np.uint8).reshape(-1, T)
 
 
 def load_answers(data_dir, split, meta):
@@ -131,8 +161,11 @@ def load_answers(data_dir, split, meta):
         have = [s for s, v in meta['splits'].items() if v.get('answers')]
         raise DataError(f"{data_dir} has no reference answers for split {split!r} (prompt/response data made by "
                         f"prepare.py jsonl or gsm8k has them for: {', '.join(have) or 'none'})")
-    with open(path) as f:
-        answers = json.load(f)
+    try:
+        with open(path) as f:
+            answers = json.load(f)
+    except OSError as e:
+        raise DataError(f"cannot read {path} ({e.strerror})") from None
     if len(answers['answer']) != meta['splits'][split]['n']:
         raise DataError(f"{path} does not match the split (re-run prepare.py)")
     return answers
@@ -538,7 +571,10 @@ def write_task(out_dir, cfg, name, itos, make_gen, sizes, row_len=None, **extra)
             row = make_gen(min(p for _, _, p in sizes) if row_len else param)(np.random.default_rng(0), 1)
             masked = len(row) == 3
         need += n * (row_len(param) if row_len else row[0].shape[1]) * (np.dtype(dtype).itemsize + 4 + masked)
-    os.makedirs(out_dir, exist_ok=True)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"cannot create the dataset folder {out_dir} ({short(e)})") from None
     import shutil
     free = shutil.disk_usage(out_dir).free
     if need > 0.9 * free:

@@ -336,10 +336,10 @@ try:
                     if not bad and iter_num > 0 and not eval_only:
                         improved = val < best_val_loss
                         best_val_loss = min(best_val_loss, val)
-                        if improved:  # best.pt: the best exact val loss so far, never replaced by a worse one
-                            save_checkpoint(checkpoint(), best_path)
-                        if improved or always_save_checkpoint:
-                            save_checkpoint(checkpoint(), ckpt_path)
+                        if improved or always_save_checkpoint:  # ckpt.pt first: a folder with a best.pt
+                            save_checkpoint(checkpoint(), ckpt_path)  # always has a run to resume (a full disk between them)
+                            if improved:  # best.pt: the best exact val loss so far, never replaced by a worse one
+                                save_checkpoint(checkpoint(), best_path)
                             print(f"saved checkpoint to {ckpt_path}" + (f" and {best_path}" if improved else ""))
                             aside = drop_previous_run(aside)  # the new run exists: the old one goes
                 if ddp:  # every process evaluates at the same steps: all learn whether rank 0 saw a diverged model

@@ -275,6 +275,9 @@ def shutdown(exit_code, ddp, finish_wandb):
     those destructors (os._exit)."""
     if not ddp:
         sys.exit(exit_code)
+    if isinstance(exit_code, str):  # a one-line error (dataset.DataError, e.g. a full disk at a save)
+        print(exit_code, file=sys.stderr)
+        exit_code = 1
     if finish_wandb:
         import wandb
         wandb.finish()
@@ -463,6 +466,8 @@ def make_out_dir(out_dir, ckpt_path, best_path):
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:  # a path through a file, no permission
         fail(f"out_dir={out_dir}: cannot create the folder ({e.strerror})")
+    if not os.access(out_dir, os.W_OK):  # at start, not at the first save minutes in
+        fail(f"cannot write out_dir={out_dir} (read-only or not ours)")
     lock_folder(out_dir, 'a train.py run')
     for old in stale_asides(out_dir):
         print(f"note: {old} holds the files of a run that a killed --overwrite=True run had moved aside: "

@@ -193,3 +193,77 @@ def test_sigterm_during_reprepare_keeps_the_old_dataset(tmp_path):
     err = p.communicate(timeout=60)[1]
     assert p.returncode == 130 and 'interrupted' in err and 'Traceback' not in err, err
     assert kept(out) == before
+
+# -----------------------------------------------------------------------------
+# 4. disk and permission faults: one line each, at start where they can be seen at start
+
+ROOT_USER = os.geteuid() == 0  # root writes through chmod: such cases are simulated (os.access)
+
+
+def deny(monkeypatch, path, mode):
+    """path refuses mode (os.R_OK/W_OK): chmod where that works, else (root) os.access says so."""
+    if not ROOT_USER:
+        os.chmod(path, 0o555 if mode == os.W_OK else 0o000)
+        return
+    real = os.access
+    monkeypatch.setattr(os, 'access', lambda p, m, *a, **k: False if os.path.realpath(p) == os.path.realpath(path)
+                        and m & mode else real(p, m, *a, **k))
+
+
+def test_full_disk_at_save_is_one_line_and_leaves_a_restartable_folder(world, tmp_path, monkeypatch):
+    import checkpoint
+    from dataset import DataError
+
+    def full(*a, **k):
+        raise RuntimeError('[enforce fail at inline_container.cc:664] . unexpected pos 4480 vs 4388')
+    (tmp_path / 'old.pt').write_bytes(b'old')
+    monkeypatch.setattr(torch, 'save', full)
+    with pytest.raises(DataError, match='no space left on the device holding .*old.pt'):
+        checkpoint.save_checkpoint({'x': 1}, str(tmp_path / 'old.pt'))
+    assert os.listdir(tmp_path) == ['old.pt'] and (tmp_path / 'old.pt').read_bytes() == b'old'  # untouched, no temp
+    monkeypatch.setattr(torch, 'save', lambda *a, **k: (_ for _ in ()).throw(OSError(28, 'No space left on device')))
+    with pytest.raises(DataError, match='no space left'):
+        checkpoint.save_checkpoint({'x': 1}, str(tmp_path / 'old.pt'))
+    # train.py's first save on a full disk: one line, and the folder holds no best.pt without a ckpt.pt
+    code, out, err = in_process('train.py', train_args(world, tmp_path / 'run'), tmp_path)
+    assert code == 1 and err.strip().splitlines()[-1].startswith('error: no space left on the device holding')
+    assert 'Traceback' not in err and not {'ckpt.pt', 'best.pt'} & set(os.listdir(tmp_path / 'run'))
+    # over an old run (--overwrite=True): the old run is back
+    for f, v in run_files(world / 'run').items():
+        (tmp_path / 'run' / f).write_bytes(v)
+    code, out, err = in_process('train.py', train_args(world, tmp_path / 'run', '--overwrite=True'), tmp_path)
+    assert code == 1 and 'no space left' in err and run_files(tmp_path / 'run') == run_files(world / 'run')
+    monkeypatch.undo()
+    in_process('train.py', train_args(world, tmp_path / 'run2'), tmp_path, check=True)  # (the disk freed: it runs)
+
+
+def test_read_only_out_dir_fails_at_start(world, tmp_path, monkeypatch):
+    out = tmp_path / 'ro'
+    out.mkdir()
+    deny(monkeypatch, out, os.W_OK)
+    try:
+        code, stdout, err = in_process('train.py', train_args(world, out), tmp_path)
+    finally:
+        os.chmod(out, 0o755)
+    one_line(code, err, 'cannot write out_dir=')
+    assert 'parameters' not in stdout  # refused before the model is built, not at the first evaluation
+
+
+def test_unreadable_data_is_one_line_not_never_prepared(world, tmp_path, monkeypatch):
+    import shutil
+    import numpy as np
+    from dataset import DataError, load_meta, load_split
+    d = tmp_path / 's5_Z2'
+    shutil.copytree(world / 'data' / 's5_Z2', d)
+    deny(monkeypatch, d, os.R_OK)
+    try:
+        with pytest.raises(DataError, match='cannot read') as e:
+            load_meta(str(d))
+        assert 'never prepared' not in str(e.value)
+    finally:
+        os.chmod(d, 0o755)
+        monkeypatch.undo()
+    meta = load_meta(str(d))
+    monkeypatch.setattr(np, 'memmap', lambda path, *a, **k: (_ for _ in ()).throw(PermissionError(13, 'Permission denied', path)))
+    with pytest.raises(DataError, match=r'cannot read .*train_x.bin \(Permission denied\)'):
+        load_split(str(d), 'train', meta)
