@@ -75,11 +75,13 @@ def read_checkpoint(path, device='cpu'):
         with torch.serialization.safe_globals(SAFE_GLOBALS):
             return torch.load(path, map_location=device, weights_only=True)
     except pickle.UnpicklingError as e:
-        m = re.search(r'(?:Unsupported global|Unsupported operand|GLOBAL) ?:? ?(\S+)', str(e))
-        if 'Weights only load failed' in str(e):
-            raise CheckpointError(f"{path} was refused: loading it would call {m.group(1) if m else 'code'}, which no "
-                                  f"checkpoint of this repo holds (a crafted or foreign file; torch.load(weights_only=True))") from None
-        raise CheckpointError(f"{path} is not a readable checkpoint (corrupt or truncated?): {dataset.short(e)}") from None
+        m = re.search(r'[Uu]nsupported (?:global: )?GLOBAL (\S+)', str(e))
+        if m:  # (other refusals, e.g. an unknown opcode, are corrupt or foreign files: below)
+            raise CheckpointError(f"{path} was refused: loading it would call {m.group(1)}, which no checkpoint of "
+                                  f"this repo holds (a crafted or foreign file; torch.load(weights_only=True))") from None
+        why = re.search(r'WeightsUnpickler error:\s*(.+)', str(e))  # (torch's advice around it is not ours to give)
+        raise CheckpointError(f"{path} is not a readable checkpoint (corrupt or truncated?): "
+                              f"{why.group(1).strip() if why else dataset.short(e)}") from None
     except PermissionError:
         raise CheckpointError(f"cannot read {path} (permission denied)") from None
     except Exception as e:
