@@ -172,12 +172,23 @@ def load_answers(data_dir, split, meta):
 
 
 def data_fingerprint(meta):
-    """What a checkpoint records of its dataset's vocabulary (train.py): sample.py compares it
-    with the dataset it is given, so that data with another token table is one line, not a
-    wrong decoding or an accuracy on data the model never saw."""
+    """What a checkpoint records of its dataset (train.py): its vocabulary, which sample.py and a
+    resume compare with the dataset they are given, so that data with another token table is one
+    line, not a wrong decoding or an accuracy on data the model never saw; and its content (the
+    options it was made with, the split sizes), so that a resume on a dataset regenerated under
+    the same name says so."""
     table = meta.get('itos') or meta.get('hf_tokenizer') or meta['tokenizer']
+    args = {k: v for k, v in (meta.get('args') or {}).items() if k not in ('out_dir', 'num_proc', 'cache_dir')}
     return dict(name=meta['name'], tokenizer=meta['tokenizer'], vocab_size=meta['vocab_size'],
-                vocab_crc=zlib.crc32(json.dumps(table).encode()))
+                vocab_crc=zlib.crc32(json.dumps(table).encode()),
+                content=dict(args=args, splits={s: [v['n'], v.get('len')] for s, v in meta['splits'].items()}))
+
+
+def data_changes(old, new):
+    """What differs between two fingerprints' contents, in words (empty: nothing)."""
+    diff = lambda a, b, what: [f"{what(k)} {a.get(k)} -> {b.get(k)}" for k in sorted(set(a) | set(b), key=str)
+                               if a.get(k) != b.get(k)]
+    return diff(old['args'], new['args'], lambda k: k) + diff(old['splits'], new['splits'], lambda s: f"split {s} [rows, len]")
 
 
 # Downloads wait at most FETCH_TIMEOUT seconds for an answer (env FETCH_TIMEOUT, default 30): a

@@ -267,3 +267,61 @@ def test_unreadable_data_is_one_line_not_never_prepared(world, tmp_path, monkeyp
     monkeypatch.setattr(np, 'memmap', lambda path, *a, **k: (_ for _ in ()).throw(PermissionError(13, 'Permission denied', path)))
     with pytest.raises(DataError, match=r'cannot read .*train_x.bin \(Permission denied\)'):
         load_split(str(d), 'train', meta)
+
+# -----------------------------------------------------------------------------
+# 5. a resume says what it does
+
+
+def resume(world, out, *extra, dataset='s5_Z2'):
+    args = [a for a in train_args(world, out, dataset=dataset) if not a.startswith('--max_iters')]
+    return in_process('train.py', [*args, '--max_iters=4', '--init_from=resume', *extra], world)
+
+
+def test_resume_on_a_regenerated_dataset_is_noted(world, tmp_path):
+    sizes = ['--n_val=8', '--n_test=8', '--train_len=8', '--test_lens=12']
+    assert prep('s5', '--group=Z2', '--n_train=64', *sizes, f'--out_dir={tmp_path}/data/s5_Z2')[0] == 0
+    in_process('train.py', train_args(tmp_path, tmp_path / 'run'), tmp_path, check=True)
+    code, out, err = resume(tmp_path, tmp_path / 'run2')  # (no run there: refused)
+    assert code != 0
+    assert prep('s5', '--group=Z2', '--n_train=96', '--seed=7', *sizes, f'--out_dir={tmp_path}/data/s5_Z2')[0] == 0
+    code, out, err = resume(tmp_path, tmp_path / 'run')
+    assert code == 0, err
+    note = [l for l in out.splitlines() if 'was regenerated' in l]
+    assert len(note) == 1 and 'seed 1337 -> 7' in note[0] and 'split train [rows, len] [64, 8] -> [96, 8]' in note[0], out
+
+
+def test_resume_applies_a_changed_optimizer_setting_with_a_note(world, tmp_path):
+    import shutil
+    shutil.copytree(world / 'run', tmp_path / 'run', ignore=shutil.ignore_patterns('.lock'))
+    code, out, err = resume(world, tmp_path / 'run', '--weight_decay=0.05', '--beta2=0.99', '--gate_lr_mult=0.5')
+    assert code == 0, err
+    notes = [l for l in out.splitlines() if l.startswith('note: resuming with')]
+    assert any('weight_decay is now 0.05 (the checkpoint\'s 0.1)' in n for n in notes), out
+    assert any('betas is now (0.9, 0.99)' in n for n in notes) and any('lr_mult is now 0.5' in n for n in notes), out
+    ck = torch.load(tmp_path / 'run' / 'ckpt.pt', weights_only=False)
+    groups = ck['optimizer']['param_groups']
+    assert {g['weight_decay'] for g in groups} == {0.0, 0.05} and {tuple(g['betas']) for g in groups} == {(0.9, 0.99)}
+    assert ck['config']['weight_decay'] == 0.05 and ck['config']['beta2'] == 0.99  # what ran, recorded
+    # a change that regroups the parameters cannot be applied: refused in one line
+    code, out, err = resume(world, tmp_path / 'run', '--rec_weight_decay=0.01')
+    one_line(code, err, 'group the parameters differently', 'rec_weight_decay')
+
+
+def test_resume_with_another_architecture_is_refused(world, tmp_path):
+    lstm = ['--arch=lstm', '--recurrence=none', '--train_mode=plain']
+    in_process('train.py', train_args(world, tmp_path / 'lstm', *lstm), world, check=True)
+    before = snapshot(tmp_path / 'lstm')
+    code, out, err = resume(world, tmp_path / 'lstm')  # the default config: T2MLR
+    one_line(code, err, 'holds an LSTM', "recurrence='t2mlr'")
+    code, out, err = resume(world, world / 'run', '--recurrence=lrt', '--train_mode=interleaved')
+    one_line(code, err, "holds a GPT with recurrence='t2mlr'", "recurrence='lrt'")
+    assert snapshot(tmp_path / 'lstm') == before
+
+
+def test_eval_only_needs_a_checkpoint(world, tmp_path):
+    import shutil
+    shutil.copytree(world / 'run', tmp_path / 'run', ignore=shutil.ignore_patterns('.lock'))
+    before = snapshot(tmp_path / 'run')
+    code, out, err = in_process('train.py', train_args(world, tmp_path / 'run', '--eval_only=True'), world)
+    one_line(code, err, 'eval_only=True evaluates a trained model', '--init_from=resume')
+    assert snapshot(tmp_path / 'run') == before

@@ -9,9 +9,8 @@ $ python tools/replay.py CKPT OUT_DIR [--freeze_gates] [--key=value ...]
 
 CKPT: a run's ckpt.pt or best.pt. OUT_DIR: a new directory for the replay (its ckpt.pt, best.pt,
 log.jsonl). --freeze_gates: T2MLR's scalar gates g_cur, g_rec get learning rate 0 from the resume
-on (the optimizer's state carries each group's lr multiplier, so --gate_lr_mult cannot change it
-on resume). Every --key=value goes to train.py after the run's own settings, e.g.
---skip_spike=10, --init_loss=False, --log_interval=1.
+on (--gate_lr_mult=0; the run must have them). Every --key=value goes to train.py after the
+run's own settings, e.g. --skip_spike=10, --init_loss=False, --log_interval=1.
 """
 
 import os
@@ -48,6 +47,7 @@ if '--freeze_gates' in args:
         fail(f"{src}: no scalar gates to freeze (not a T2MLR run?)")
     for g in frozen:
         g['lr_mult'] = 0.0
+    config['gate_lr_mult'] = 0.0  # what train.py builds the groups from on resume (a changed setting is applied)
     print(f"froze {sum(len(g['params']) for g in frozen)} scalar gates")
 
 os.makedirs(out_dir, exist_ok=True)
