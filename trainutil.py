@@ -399,7 +399,7 @@ def init_model(init_from, arch, model_args, meta, dataset, ckpt_path, master):
 
 
 OPTIM_SETTINGS = {'weight_decay': 'weight_decay or rec_weight_decay', 'betas': '(beta1, beta2)',
-                  'lr_mult': 'rec_lr_mult or gate_lr_mult', 'eps': 'eps'}  # a group's setting -> train.py's
+                  'lr_mult': 'rec_lr_mult or gate_lr_mult'}  # a group's setting -> train.py's
 
 
 def restore_state(ckpt, ckpt_path, optimizer, data_gen, cuda):
