@@ -5,6 +5,7 @@ and the import of a pretrained Hugging Face Llama (SmolLM2, ...) for retrofittin
   save_checkpoint(ckpt, path)          atomic and durable (temp file, fsync, rename, fsync dir)
   load_checkpoint(path) -> (model, ckpt)   every failure one CheckpointError line; checkpoints
                                        of older versions of this repo are upgraded on load
+  read_checkpoint(path) -> ckpt        the file alone, unpickled safely (weights_only: no code runs)
   build_model(model_args)              model.GPT, or lstm.LSTM (the baseline) for arch='lstm'
   from_pretrained(name, **overrides)   a Hugging Face Llama checkpoint as a GPT, the recurrence at identity
   to_hf_llama(model)                   the backbone of a GPT as a transformers LlamaForCausalLM (same weights)
@@ -13,6 +14,7 @@ and the import of a pretrained Hugging Face Llama (SmolLM2, ...) for retrofittin
 import os
 import re
 
+import numpy as np
 import torch
 
 import dataset
@@ -29,13 +31,22 @@ class CheckpointError(ValueError):
 def save_checkpoint(ckpt, path):
     """Write a temporary file next to path, fsync it, rename it over path, fsync the folder:
     an interrupted save (or a power cut) never destroys the last good checkpoint. A save
-    killed mid-write leaves path.tmp.<pid>: remove_stale_tmp."""
+    killed mid-write leaves path.tmp.<pid>: remove_stale_tmp. A save that fails (a full disk,
+    no permission) removes its temp file and is one dataset.DataError line."""
     tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, 'wb') as f:
-        torch.save(ckpt, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, 'wb') as f:
+            torch.save(ckpt, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:  # a full disk, a folder turned read-only: one line, path untouched
+        error = dataset.write_error(e, path)  # (before the partial file goes: a full disk still looks full)
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        if error is None:
+            raise
+        raise error from None
     try:  # make the rename durable (a no-op where folders cannot be opened)
         fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
         try:
@@ -44,6 +55,37 @@ def save_checkpoint(ckpt, path):
             os.close(fd)
     except OSError:
         pass
+
+
+# What our checkpoints hold beyond tensors and plain Python data: numpy's RNG state (an ndarray of
+# uint32; numpy 1 pickles its rebuild function under numpy.core, numpy 2 under numpy._core). A
+# checkpoint is a pickle, and a pickle can name any function to call on load: torch.load with
+# weights_only=True calls none but these, so a shared checkpoint cannot run code.
+_rebuild = np._core.multiarray._reconstruct if hasattr(np, '_core') else np.core.multiarray._reconstruct
+SAFE_GLOBALS = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), _rebuild,
+                (_rebuild, 'numpy.core.multiarray._reconstruct'), (_rebuild, 'numpy._core.multiarray._reconstruct')]
+
+
+def read_checkpoint(path, device='cpu'):
+    """torch.load of a checkpoint file with weights_only=True and the allowlist above. A file that
+    needs anything else (a pickle that would call a function: what a crafted file does to run code)
+    is refused, one CheckpointError line, before anything of it runs."""
+    import pickle
+    try:
+        with torch.serialization.safe_globals(SAFE_GLOBALS):
+            return torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as e:
+        m = re.search(r'[Uu]nsupported (?:global: )?GLOBAL (\S+)', str(e))
+        if m:  # (other refusals, e.g. an unknown opcode, are corrupt or foreign files: below)
+            raise CheckpointError(f"{path} was refused: loading it would call {m.group(1)}, which no checkpoint of "
+                                  f"this repo holds (a crafted or foreign file; torch.load(weights_only=True))") from None
+        why = re.search(r'WeightsUnpickler error:\s*(.+)', str(e))  # (torch's advice around it is not ours to give)
+        raise CheckpointError(f"{path} is not a readable checkpoint (corrupt or truncated?): "
+                              f"{why.group(1).strip() if why else dataset.short(e)}") from None
+    except PermissionError:
+        raise CheckpointError(f"cannot read {path} (permission denied)") from None
+    except Exception as e:
+        raise CheckpointError(f"{path} is not a readable checkpoint (corrupt or truncated?): {type(e).__name__}: {e}") from None
 
 
 def remove_stale_tmp(path):
@@ -104,10 +146,7 @@ def load_checkpoint(path, device='cpu'):
     (GPTConfig fields). Every failure is one CheckpointError line."""
     if not os.path.isfile(path):
         raise CheckpointError(f"no checkpoint at {path}")
-    try:
-        ckpt = torch.load(path, map_location=device, weights_only=False)
-    except Exception as e:
-        raise CheckpointError(f"{path} is not a readable checkpoint (corrupt or truncated?): {type(e).__name__}: {e}") from None
+    ckpt = read_checkpoint(path, device)
     if not isinstance(ckpt, dict) or 'model' not in ckpt or 'model_args' not in ckpt:
         raise CheckpointError(f"{path} is not a checkpoint of this repo (no 'model'/'model_args')")
     lstm = ckpt['model_args'].get('arch') == 'lstm'

@@ -274,6 +274,16 @@ def alive(pid):
     return True
 
 
+def end_with_parent():
+    """In the child, before train.py starts (Linux): SIGTERM it when compare.py dies, even by kill -9,
+    which runs no cleanup; it then saves at its step boundary and exits."""
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the except below still ends the child on every exit compare.py survives
+
+
 def run(name, seed):
     run_dir = os.path.join(out_dir, f'{name}_s{seed}')
     steps = steps_of(name)
@@ -288,6 +298,10 @@ def run(name, seed):
     if owner and alive(owner):
         fail(f"{run_dir} is being trained now by process {owner} (another compare.py with this "
              f"--out_dir?): wait for it, or stop it; delete {lock} if no such process is training it")
+    from dataset import lock_holder
+    holder = lock_holder(run_dir)  # train.py's own lock: a trainer still running there (its compare.py killed?)
+    if holder:
+        fail(f"{run_dir} is being trained now by process {holder}: wait for it, or stop it")
     for f in ('log.jsonl', 'test_eval.json'):  # the interrupted (or other --max_iters) run's: its test bits are not the new one's
         if os.path.exists(os.path.join(run_dir, f)):
             os.remove(os.path.join(run_dir, f))
@@ -303,7 +317,7 @@ def run(name, seed):
     os.makedirs(run_dir, exist_ok=True)
     open(lock, 'w').write(str(os.getpid()))
     try:
-        p = subprocess.Popen(cmd)
+        p = subprocess.Popen(cmd, preexec_fn=end_with_parent)
         try:
             p.wait()
         except BaseException:  # Ctrl-C or SIGTERM: stop the training with us (it saves at its step boundary;
@@ -411,10 +425,12 @@ def plot_depth(plt):
 def flops_of(name):
     """The model's FLOPs per trained token under its scheme (flops.py), from the first seed's
     checkpoint config and the scheme arguments of its command."""
-    import torch
-    from checkpoint import model_config
+    from checkpoint import CheckpointError, model_config, read_checkpoint
     from flops import flops_per_token
-    ck = torch.load(os.path.join(out_dir, f'{name}_s{seed_list[0]}', 'ckpt.pt'), map_location='cpu', weights_only=False)
+    try:
+        ck = read_checkpoint(os.path.join(out_dir, f'{name}_s{seed_list[0]}', 'ckpt.pt'))  # weights_only: runs no code
+    except CheckpointError as e:
+        fail(str(e))
     cfg = ck['config']
     T = cfg['block_size'] if text else lengths[0]  # tokens per training row
     return flops_per_token(model_config(ck['model_args']), T, mode=cfg['train_mode'], n_iter=cfg['n_iter'],

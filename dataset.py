@@ -27,7 +27,8 @@ holding meta.json and binary files:
              {"prompt_len": [int], "answer": [str]} per row (for answer accuracy, sample.py).
 
 Writes are atomic: each file goes to a temporary name in the same folder and is os.replace'd,
-an old meta.json is deleted before anything else is written, and the new one is written LAST.
+an old dataset is moved aside before anything is written (and put back if the write fails or is
+interrupted, deleted once it succeeds), and the new meta.json is written LAST.
 load_meta() also checks every file's size, so an interrupted run is never accepted.
 """
 
@@ -49,6 +50,25 @@ class DataError(SystemExit):
     message (no traceback) and exits 1; callers can still catch it by name."""
     def __init__(self, msg):
         super().__init__(f"error: {msg}")
+
+
+def write_error(e, path):
+    """A failed write of path as one DataError line: a full disk says so (torch.save's own error on
+    one is a RuntimeError, 'unexpected pos', that never does). An error that is not about the
+    file or the disk: None (the caller re-raises it)."""
+    import errno
+    import shutil
+    if isinstance(e, OSError):
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return DataError(f"no space left on the device holding {path}")
+        return DataError(f"cannot write {path} ({e.strerror or short(e)})")
+    try:
+        full = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free < 2**20
+    except OSError:
+        full = False
+    if full or 'unexpected pos' in str(e) or 'No space left' in str(e):
+        return DataError(f"no space left on the device holding {path}")
+    return None
 
 
 def short(e, n=160):
@@ -78,7 +98,11 @@ def load_meta(data_dir):
             "or write your own task with dataset.write_task (docs/usage.md)")
     if not os.path.isdir(data_dir):
         raise DataError(f"no dataset at {data_dir} (no such folder, so no meta.json): {hint}")
+    if not os.access(data_dir, os.R_OK | os.X_OK):  # else its files look absent: "never prepared"
+        raise DataError(f"cannot read {data_dir} (permission denied)")
     if not os.path.isfile(path):
+        for old in stale_asides(data_dir):
+            hint = f"the previous dataset is in {old} (a re-prepare was killed): move its files back, or {hint}"
         raise DataError(f"{data_dir} has no meta.json (never prepared, or the preparation was interrupted): {hint}")
     try:
         with open(path) as f:
@@ -95,7 +119,17 @@ def load_meta(data_dir):
                     raise DataError(f"{fpath} is missing or has the wrong size (expected {want} bytes): re-run prepare.py")
     except (ValueError, KeyError, TypeError, AssertionError) as e:
         raise DataError(f"{path} is not a valid meta.json ({short(e)}): re-run prepare.py") from None
+    except OSError as e:
+        raise DataError(f"cannot read {e.filename or path} ({e.strerror})") from None
     return meta
+
+
+def memmap(path, dtype):
+    """np.memmap(path, mode='r'): an unreadable file is one DataError line."""
+    try:
+        return np.memmap(path, dtype=dtype, mode='r')
+    except OSError as e:
+        raise DataError(f"cannot read {path} ({e.strerror})") from None
 
 
 def load_split(data_dir, split, meta=None):
@@ -104,8 +138,7 @@ def load_split(data_dir, split, meta=None):
     meta = meta if meta is not None else load_meta(data_dir)
     if split not in meta['splits']:
         raise DataError(f"{data_dir} has no split {split!r}; available: {', '.join(meta['splits'])}")
-    arrays = [np.memmap(os.path.join(data_dir, fname), dtype=dtype, mode='r')
-              for fname, dtype, _ in split_files(meta, split)[:2]]
+    arrays = [memmap(os.path.join(data_dir, fname), dtype) for fname, dtype, _ in split_files(meta, split)[:2]]
     if meta['format'] == 'tokens':
         return arrays[0]
     T = meta['splits'][split]['len']
@@ -118,7 +151,7 @@ def load_rec_mask(data_dir, split, meta):
     if not meta.get('rec_mask'):
         return None
     T = meta['splits'][split]['len']
-    return np.memmap(os.path.join(data_dir, f"{split}_m.bin"), dtype=np.uint8, mode='r').reshape(-1, T)
+    return memmap(os.path.join(data_dir, f"{split}_m.bin"), np.uint8).reshape(-1, T)
 
 
 def load_answers(data_dir, split, meta):
@@ -128,20 +161,34 @@ def load_answers(data_dir, split, meta):
         have = [s for s, v in meta['splits'].items() if v.get('answers')]
         raise DataError(f"{data_dir} has no reference answers for split {split!r} (prompt/response data made by "
                         f"prepare.py jsonl or gsm8k has them for: {', '.join(have) or 'none'})")
-    with open(path) as f:
-        answers = json.load(f)
+    try:
+        with open(path) as f:
+            answers = json.load(f)
+    except OSError as e:
+        raise DataError(f"cannot read {path} ({e.strerror})") from None
     if len(answers['answer']) != meta['splits'][split]['n']:
         raise DataError(f"{path} does not match the split (re-run prepare.py)")
     return answers
 
 
 def data_fingerprint(meta):
-    """What a checkpoint records of its dataset's vocabulary (train.py): sample.py compares it
-    with the dataset it is given, so that data with another token table is one line, not a
-    wrong decoding or an accuracy on data the model never saw."""
+    """What a checkpoint records of its dataset (train.py): its vocabulary, which sample.py and a
+    resume compare with the dataset they are given, so that data with another token table is one
+    line, not a wrong decoding or an accuracy on data the model never saw; and its content (the
+    options it was made with, the split sizes), so that a resume on a dataset regenerated under
+    the same name says so."""
     table = meta.get('itos') or meta.get('hf_tokenizer') or meta['tokenizer']
+    args = {k: v for k, v in (meta.get('args') or {}).items() if k not in ('out_dir', 'num_proc', 'cache_dir')}
     return dict(name=meta['name'], tokenizer=meta['tokenizer'], vocab_size=meta['vocab_size'],
-                vocab_crc=zlib.crc32(json.dumps(table).encode()))
+                vocab_crc=zlib.crc32(json.dumps(table).encode()),
+                content=dict(args=args, splits={s: [v['n'], v.get('len')] for s, v in meta['splits'].items()}))
+
+
+def data_changes(old, new):
+    """What differs between two fingerprints' contents, in words (empty: nothing)."""
+    diff = lambda a, b, what: [f"{what(k)} {a.get(k)} -> {b.get(k)}" for k in sorted(set(a) | set(b), key=str)
+                               if a.get(k) != b.get(k)]
+    return diff(old['args'], new['args'], lambda k: k) + diff(old['splits'], new['splits'], lambda s: f"split {s} [rows, len]")
 
 
 # Downloads wait at most FETCH_TIMEOUT seconds for an answer (env FETCH_TIMEOUT, default 30): a
@@ -266,6 +313,67 @@ def hf_tokenizer(name):
 
 
 # -----------------------------------------------------------------------------
+# one writer per folder: train.py on its out_dir, prepare.py on its dataset (compare.py's
+# children are train.py). An OS lock, not a marker file: the kernel drops it when the process
+# ends however it ends (kill -9 too), so a crash never leaves a stale lock behind.
+
+_LOCKS = {}  # real path of a folder -> the fd of the lock this process holds on it
+
+
+def lock_folder(folder, what):
+    """Hold an exclusive fcntl.flock on folder/.lock (our PID written in it) until this process
+    ends or unlock_folder. Re-entrant in one process. Held by another: one DataError line naming
+    its PID. what: the writer, for that line (e.g. 'a train.py run')."""
+    import fcntl
+    key, path = os.path.realpath(folder), os.path.join(folder, '.lock')
+    if key in _LOCKS:
+        return
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise DataError(f"cannot write {path} ({e.strerror}): {folder} must be writable") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid = os.pread(fd, 20, 0).decode(errors='replace').strip() or 'unknown'
+        os.close(fd)
+        raise DataError(f"{folder} is in use by process {pid} ({what} cannot share it with another writer): "
+                        f"wait for that process to end or stop it, or use another folder") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    _LOCKS[key] = fd
+
+
+def unlock_folder(folder):
+    fd = _LOCKS.pop(os.path.realpath(folder), None)
+    if fd is not None:
+        os.close(fd)  # closing the fd drops the lock
+
+
+def release_locks():
+    """Drop every lock this process holds (what its exit does; for scripts run in-process by tests)."""
+    for key in list(_LOCKS):
+        unlock_folder(key)
+
+
+def lock_holder(folder):
+    """The PID written in folder/.lock while another process holds it, else None."""
+    import fcntl
+    if os.path.realpath(folder) in _LOCKS:
+        return None
+    try:
+        fd = os.open(os.path.join(folder, '.lock'), os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None
+    except BlockingIOError:
+        return os.pread(fd, 20, 0).decode(errors='replace').strip() or 'unknown'
+    finally:
+        os.close(fd)  # (drops the probe's own shared lock)
+
+# -----------------------------------------------------------------------------
 # writing a dataset: temp name + os.replace per file, meta.json last
 
 def dtype_for(vocab_size):
@@ -273,19 +381,88 @@ def dtype_for(vocab_size):
 
 
 def begin_dataset(out_dir):
-    """Create out_dir and delete an old meta.json first: from here until the new meta.json
-    lands, the folder is not a dataset (a crash half-way leaves nothing loadable). Also removes
-    the temp files of writers that were killed (kill -9, OOM), which nothing else would."""
+    """Create and lock out_dir, and move an old dataset's files aside: from here until the new
+    meta.json lands (write_meta, which deletes them) the folder is not a dataset (a crash half-way
+    leaves nothing loadable), and a failure or an interrupt puts the old one back (abort_dataset).
+    Also removes the temp files of writers that were killed (kill -9, OOM), which nothing else would."""
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:
         raise DataError(f"cannot create the dataset folder {out_dir} ({short(e)})") from None
-    try:
-        os.remove(os.path.join(out_dir, 'meta.json'))
-    except FileNotFoundError:
-        pass
+    lock_folder(out_dir, 'prepare.py')  # two writers of one dataset would mix their files
+    if os.path.realpath(out_dir) in _REPLACING:  # a write of this process that failed (library use): undone first
+        abort_dataset(out_dir)
+        lock_folder(out_dir, 'prepare.py')
     for f in remove_stale_tmp(out_dir):
         print(f"note: removed {f}, left by an interrupted prepare", file=sys.stderr)
+    _REPLACING[os.path.realpath(out_dir)] = move_aside(out_dir, dataset_files(out_dir))
+
+
+def dataset_files(folder):
+    """The files of a dataset in folder (not whatever else a user keeps there)."""
+    return [f for f in sorted(os.listdir(folder)) if re.fullmatch(r'meta\.json|.+\.bin|.+_answers\.json', f)]
+
+
+def abort_dataset(out_dir):
+    """A write that failed or was interrupted: its files go, the old dataset (if any) comes back."""
+    key = os.path.realpath(out_dir)
+    if key in _REPLACING:
+        old = _REPLACING.pop(key)
+        if old:
+            put_back(old, dataset_files(out_dir))
+        else:
+            for f in dataset_files(out_dir):
+                os.remove(os.path.join(out_dir, f))
+    unlock_folder(out_dir)
+
+
+def abort_datasets():
+    """abort_dataset for every write this process began and did not finish (prepare.py, at exit)."""
+    for key in list(_REPLACING):
+        abort_dataset(key)
+
+# -----------------------------------------------------------------------------
+# replacing a run or a dataset: the old files are moved aside into folder/.old.<pid> (inside the
+# folder: one rename each, and the lock stays where it is), deleted only once the new one exists,
+# and put back if it never does. A process killed meanwhile (kill -9) leaves that folder: noted.
+
+_REPLACING = {}  # real path of a dataset being written -> the folder holding the old one, or None
+
+
+def move_aside(folder, names):
+    """Move those of names that are files in folder into folder/.old.<pid> -> its path (None: no file)."""
+    there = [f for f in names if os.path.isfile(os.path.join(folder, f))]
+    if not there:
+        return None
+    aside = os.path.join(folder, f'.old.{os.getpid()}')
+    os.makedirs(aside, exist_ok=True)
+    for f in there:
+        os.replace(os.path.join(folder, f), os.path.join(aside, f))
+    return aside
+
+
+def put_back(aside, new):
+    """Undo move_aside: the new files (names) go, the old ones return."""
+    folder = os.path.dirname(aside)
+    for f in new:
+        if os.path.isfile(os.path.join(folder, f)):
+            os.remove(os.path.join(folder, f))
+    for f in os.listdir(aside):
+        os.replace(os.path.join(aside, f), os.path.join(folder, f))
+    os.rmdir(aside)
+
+
+def drop_aside(aside):
+    """The new run or dataset exists: the old one moved aside goes. -> None"""
+    if aside:
+        import shutil
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def stale_asides(folder):
+    """What processes killed mid-replacement left in folder (.old.<pid>, that pid gone)."""
+    names = os.listdir(folder) if os.path.isdir(folder) else []
+    return [os.path.join(folder, f) for f in sorted(names) if re.fullmatch(r'\.old\.(\d+)', f) and not pid_alive(int(f[5:]))]
 
 
 def remove_stale_tmp(folder, pattern=r'.+\.(?:bin|json)\.tmp\.(\d+)'):
@@ -347,6 +524,8 @@ def write_meta(out_dir, meta):
     meta = dict(meta, version=FORMAT_VERSION)
     with AtomicFile(os.path.join(out_dir, 'meta.json'), 'w') as f:
         json.dump(meta, f, indent=1)
+    drop_aside(_REPLACING.pop(os.path.realpath(out_dir), None))  # the new dataset exists: the old one goes
+    unlock_folder(out_dir)  # the last file of a dataset: its writer is done
 
 
 def write_examples(out_dir, split, generate, n, dtype, seed):
@@ -403,7 +582,10 @@ def write_task(out_dir, cfg, name, itos, make_gen, sizes, row_len=None, **extra)
             row = make_gen(min(p for _, _, p in sizes) if row_len else param)(np.random.default_rng(0), 1)
             masked = len(row) == 3
         need += n * (row_len(param) if row_len else row[0].shape[1]) * (np.dtype(dtype).itemsize + 4 + masked)
-    os.makedirs(out_dir, exist_ok=True)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"cannot create the dataset folder {out_dir} ({short(e)})") from None
     import shutil
     free = shutil.disk_usage(out_dir).free
     if need > 0.9 * free:
@@ -411,7 +593,6 @@ def write_task(out_dir, cfg, name, itos, make_gen, sizes, row_len=None, **extra)
                         f"use fewer rows (--n_train=...) or shorter rows")
     begin_dataset(out_dir)
     splits = {}
-    written = [os.path.join(out_dir, f"{split}_{xy}.bin") for split, _, _ in sizes for xy in 'xym']
     try:
         for split, n, param in sizes:
             splits[split] = write_examples(out_dir, split, make_gen(param), n, dtype, cfg['seed'])
@@ -420,9 +601,7 @@ def write_task(out_dir, cfg, name, itos, make_gen, sizes, row_len=None, **extra)
                                  itos=itos, reset_token=None, splits=splits, args=cfg, **extra,
                                  **(dict(rec_mask=True) if masked else {})))
     except BaseException:
-        for path in written:  # this run's splits, and an older run's: nothing half-made stays
-            if os.path.exists(path):
-                os.remove(path)
+        abort_dataset(out_dir)  # this run's splits go, the old dataset comes back: nothing half-made stays
         raise
     return splits
 

@@ -28,7 +28,7 @@ import corpora
 import sft
 import tasks
 from configurator import configure, fail
-from dataset import load_meta
+from dataset import abort_datasets, load_meta, release_locks
 
 DATASETS = {  # name: (its options with their defaults, the function that writes it)
     's5': (tasks.S5_DEFAULTS, tasks.prepare_s5),
@@ -99,9 +99,11 @@ def main(argv):
     try:
         out_dir = prepare(dict(cfg, dataset=name))
     except KeyboardInterrupt:
-        fail(f"interrupted: {name} was not written (the partial files were removed)", 130)
+        fail(f"interrupted: {name} was not written (the partial files were removed, an older dataset there kept)", 130)
     finally:
         signal.signal(signal.SIGTERM, previous)
+        abort_datasets()  # a write that did not finish: the old dataset back (a no-op after a success)
+        release_locks()  # (what the exit does; main may run in a test's process)
     meta = load_meta(out_dir)
     sizes = ', '.join(f"{s} {v['n']:,}" + (f"x{v['len']}" if 'len' in v else '') for s, v in meta['splits'].items())
     print(f"wrote {out_dir}: {meta['format']}, vocab {meta['vocab_size']}, {sizes}")

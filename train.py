@@ -40,7 +40,7 @@ from engine import Engine
 from model import GPT
 from tasks import position_kinds
 from trainutil import (Batches, init_processes, make_out_dir, StepStats, StopRequest, check_config, check_data, init_model, model_args_from, nonfinite,
-                       print_eval, remove_previous_run, restore_state, shutdown, stop_diverged, warn_state)
+                       drop_previous_run, print_eval, restore_previous_run, restore_state, set_aside_previous_run, shutdown, stop_diverged, warn_state)
 
 # -----------------------------------------------------------------------------
 # default config values; override with a config file and/or --key=value
@@ -204,8 +204,6 @@ fused = device_type == 'cuda'
 optimizer = torch.optim.AdamW(groups, lr=learning_rate, betas=(beta1, beta2), fused=fused)
 if ckpt is not None:
     restore_state(ckpt, ckpt_path, optimizer, data_gen, device_type == 'cuda')
-if overwrite and init_from != 'resume' and not eval_only and master:  # every check passed: the old run goes now
-    remove_previous_run(out_dir)
 scaler = torch.amp.GradScaler(device_type, enabled=ptdtype == torch.float16)
 if compile:
     print(f"compiling the model ({compile_backend})...")
@@ -312,6 +310,8 @@ if wandb_log and master:
 t0, exit_code = time.time(), 0
 step_stats = StepStats(grad_clip, recent=(ckpt or {}).get('recent_grad_norms', []), armed=(ckpt or {}).get('guard_armed', False))
 divergence = lambda what: stop_diverged(what, iter_num, master, ckpt_path, best_path)
+# every check has passed: an old run to overwrite moves aside, deleted at this run's first checkpoint
+aside = set_aside_previous_run(out_dir) if overwrite and init_from != 'resume' and not eval_only and master else None
 
 try:
     with compile_errors() if compile else nullcontext():  # a compiler that fails here: one line
@@ -335,11 +335,12 @@ try:
                     if not bad and iter_num > 0 and not eval_only:
                         improved = val < best_val_loss
                         best_val_loss = min(best_val_loss, val)
-                        if improved:  # best.pt: the best exact val loss so far, never replaced by a worse one
-                            save_checkpoint(checkpoint(), best_path)
-                        if improved or always_save_checkpoint:
-                            save_checkpoint(checkpoint(), ckpt_path)
+                        if improved or always_save_checkpoint:  # ckpt.pt first: a folder with a best.pt
+                            save_checkpoint(checkpoint(), ckpt_path)  # always has a run to resume (a full disk between them)
+                            if improved:  # best.pt: the best exact val loss so far, never replaced by a worse one
+                                save_checkpoint(checkpoint(), best_path)
                             print(f"saved checkpoint to {ckpt_path}" + (f" and {best_path}" if improved else ""))
+                            aside = drop_previous_run(aside)  # the new run exists: the old one goes
                 if ddp:  # every process evaluates at the same steps: all learn whether rank 0 saw a diverged model
                     flag = torch.tensor([float(bool(bad))], device=device)
                     dist.broadcast(flag, src=0)
@@ -418,6 +419,7 @@ try:
                 sig = stop_request.signum or signal.SIGTERM  # (a process that got none stops because another did)
                 if master:
                     save_checkpoint(checkpoint(), ckpt_path)
+                    aside = drop_previous_run(aside)
                     print(f"stopped by {signal.Signals(sig).name} at step {iter_num}: saved checkpoint to {ckpt_path} "
                           f"(resume with --init_from=resume)", flush=True)
                 if ddp:
@@ -429,6 +431,7 @@ try:
 except SystemExit as e:  # a stop request or divergence (above): leave with its status, below
     exit_code = e.code
 finally:
+    restore_previous_run(aside)  # (None once this run has a checkpoint)
     if ddp:
         dist.destroy_process_group()
 shutdown(exit_code, ddp, wandb_log and master)

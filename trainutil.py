@@ -104,6 +104,9 @@ def check_config(c):
     if old and c.init_from != 'resume' and not c.overwrite and not c.eval_only:
         fail(f"out_dir={c.out_dir} holds a run ({' and '.join(old)}): continue it with --init_from=resume, "
              f"start a new one in another --out_dir, or replace it with --overwrite=True")
+    if c.eval_only and c.init_from == 'scratch':  # a fresh random model's numbers, logged as the run's
+        fail("eval_only=True evaluates a trained model: add --init_from=resume (out_dir's ckpt.pt), "
+             "or give a pretrained model's name or folder as init_from")
     if c.recompute and c.train_mode == 'plain' and int(os.environ.get('RANK', 0)) == 0:
         print("note: recompute=True does nothing with train_mode='plain' (it recomputes the Jacobi and "
               "interleaved passes in backward)")
@@ -312,6 +315,9 @@ def shutdown(exit_code, ddp, finish_wandb):
     those destructors (os._exit)."""
     if not ddp:
         sys.exit(exit_code)
+    if isinstance(exit_code, str):  # a one-line error (dataset.DataError, e.g. a full disk at a save)
+        print(exit_code, file=sys.stderr)
+        exit_code = 1
     if finish_wandb:
         import wandb
         wandb.finish()
@@ -382,19 +388,30 @@ def init_model(init_from, arch, model_args, meta, dataset, ckpt_path, master):
     """-> (model, the checkpoint to resume or None, the model args that run, the pretrained model
     a retrofit started from or None). Every mismatch between the data and the model: one line."""
     from checkpoint import CheckpointError, build_model, from_pretrained, load_checkpoint
-    from dataset import check_hub, data_fingerprint
+    from dataset import check_hub, data_changes, data_fingerprint
     ckpt, pretrained = None, None
     try:
         if init_from == 'scratch':
             model = build_model(dict(model_args, arch=arch))
         elif init_from == 'resume':
             model, ckpt = load_checkpoint(ckpt_path)
+            shape = lambda a, r: 'an LSTM' if a == 'lstm' else f"a GPT with recurrence={r!r}"
+            saved, wanted = ckpt['model_args'], dict(model_args, arch=arch)
+            was, want = [(a.get('arch', 'gpt'), a.get('recurrence', 'none')) for a in (saved, wanted)]
+            if was != want:  # it would train the checkpoint's model under the config's labels
+                fail(f"{ckpt_path} holds {shape(*was)}, the config asks for {shape(*want)}: resume it with its own "
+                     f"arch and recurrence, or start a new run (another --out_dir, or --overwrite=True)")
             trained_on, now = ckpt.get('data'), data_fingerprint(meta)
-            if trained_on and trained_on != now:  # same vocab size or not: another dataset is another run
+            vocab = lambda fp: {k: fp[k] for k in ('name', 'tokenizer', 'vocab_size', 'vocab_crc')}
+            if trained_on and vocab(trained_on) != vocab(now):  # same vocab size or not: another dataset is another run
                 fail(f"{ckpt_path} was trained on dataset {trained_on['name']} ({trained_on['tokenizer']}, "
                      f"{trained_on['vocab_size']} tokens), not on {dataset} ({now['name']}, {now['tokenizer']}, "
                      f"{now['vocab_size']} tokens{', another vocabulary' if trained_on['vocab_crc'] != now['vocab_crc'] else ''}): "
                      f"resume it on its own dataset, or start a new run (another --out_dir, or --overwrite=True)")
+            changed = data_changes(trained_on['content'], now['content']) if trained_on and 'content' in trained_on else []
+            if changed and master:  # (checkpoints before issue 41 have no content to compare)
+                print(f"note: dataset {dataset} was regenerated since {ckpt_path} was saved ({'; '.join(changed)}): "
+                      f"the run continues on the data as it is now")
             pretrained = ckpt.get('pretrained')
             if master:
                 resume_notes(ckpt['model_args'], model_args, pretrained)
@@ -418,11 +435,34 @@ def init_model(init_from, arch, model_args, meta, dataset, ckpt_path, master):
     return model, ckpt, model_args, pretrained
 
 
+OPTIM_SETTINGS = {'weight_decay': 'weight_decay or rec_weight_decay', 'betas': '(beta1, beta2)',
+                  'lr_mult': 'rec_lr_mult or gate_lr_mult'}  # a group's setting -> train.py's
+
+
 def restore_state(ckpt, ckpt_path, optimizer, data_gen, cuda):
-    """The optimizer, the data order and the RNGs of a resumed run, as they were at its save."""
+    """The optimizer, the data order and the RNGs of a resumed run, as they were at its save; the
+    optimizer's settings are the config's (the saved state would bring back the old ones while
+    the new checkpoint's config recorded the new): each change is applied, with a note."""
     import random
+    wanted = [{k: g[k] for k in OPTIM_SETTINGS} for g in optimizer.param_groups]
     try:
         optimizer.load_state_dict(ckpt['optimizer'])
+    except KeyError as e:
+        fail(f"{ckpt_path}: cannot resume the optimizer state (KeyError: {e})")
+    except ValueError as e:  # another number or size of parameter groups
+        fail(f"{ckpt_path}: the optimizer settings group the parameters differently from the checkpoint's (a changed "
+             f"weight_decay, rec_weight_decay, rec_lr_mult or gate_lr_mult that splits or merges groups: {e}): resume "
+             f"with the run's own values, or start a new run")
+    notes = set()
+    for g, want in zip(optimizer.param_groups, wanted):
+        for k, v in want.items():
+            old = tuple(g[k]) if isinstance(v, tuple) else g[k]
+            if old != v:
+                notes.add(f"note: resuming with {OPTIM_SETTINGS[k]}: a parameter group's {k} is now {v} (the checkpoint's {old})")
+                g[k] = v
+    for n in sorted(notes) if int(os.environ.get('RANK', 0)) == 0 else []:
+        print(n)
+    try:
         data_gen.set_state(ckpt['data_gen'])
         torch.set_rng_state(ckpt['rng']['torch'])
         np.random.set_state(ckpt['rng']['numpy'])
@@ -433,14 +473,35 @@ def restore_state(ckpt, ckpt_path, optimizer, data_gen, cuda):
         fail(f"{ckpt_path}: cannot resume the optimizer/data state ({type(e).__name__}: {e})")
 
 
-def remove_previous_run(out_dir):
-    """overwrite=True, once every check has passed: the old run goes now (its log too: a new
-    run's records must not follow an old run's)."""
-    gone = [f for f in ('ckpt.pt', 'best.pt', 'log.jsonl') if os.path.isfile(os.path.join(out_dir, f))]
-    for f in gone:
-        os.remove(os.path.join(out_dir, f))
-    if gone:
-        print(f"note: overwrite=True: removed the previous run's {', '.join(gone)} from {out_dir}")
+RUN_FILES = ('ckpt.pt', 'best.pt', 'log.jsonl')  # a run's own files (a new run's records must not follow an old run's)
+
+
+def set_aside_previous_run(out_dir):
+    """overwrite=True, once every check has passed: the old run's files move aside (dataset.move_aside),
+    to be deleted at the new run's first checkpoint (drop_aside), or put back if the new run ends
+    before it (restore_previous_run). -> where they are, or None."""
+    from dataset import move_aside
+    aside = move_aside(out_dir, RUN_FILES)
+    if aside:
+        print(f"note: overwrite=True: the previous run's files are in {aside} until this run's first checkpoint")
+    return aside
+
+
+def drop_previous_run(aside):
+    """This run's first checkpoint has landed: the old run moved aside goes. -> None"""
+    from dataset import drop_aside
+    if aside:
+        gone = [f for f in RUN_FILES if os.path.isfile(os.path.join(aside, f))]
+        drop_aside(aside)
+        print(f"note: overwrite=True: removed the previous run's {', '.join(gone)} from {os.path.dirname(aside)}")
+
+
+def restore_previous_run(aside):
+    """The new run ended (failed, diverged, stopped) before its first checkpoint: the old one is back."""
+    from dataset import put_back
+    if aside:
+        put_back(aside, RUN_FILES)
+        print(f"note: no checkpoint of the new run: the previous run is back in {os.path.dirname(aside)}", file=sys.stderr)
 
 # -----------------------------------------------------------------------------
 # processes
@@ -471,12 +532,20 @@ def init_processes(device, ddp_timeout, gradient_accumulation_steps):
 
 
 def make_out_dir(out_dir, ckpt_path, best_path):
-    """The run's folder (rank 0), and the temp files of saves killed mid-write (kill -9, OOM) gone."""
+    """The run's folder (rank 0), locked for this process (one run per folder: another writer is
+    refused, naming its PID), and the temp files of saves killed mid-write (kill -9, OOM) gone."""
     from checkpoint import remove_stale_tmp
+    from dataset import lock_folder, stale_asides
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:  # a path through a file, no permission
         fail(f"out_dir={out_dir}: cannot create the folder ({e.strerror})")
+    if not os.access(out_dir, os.W_OK):  # at start, not at the first save minutes in
+        fail(f"cannot write out_dir={out_dir} (read-only or not ours)")
+    lock_folder(out_dir, 'a train.py run')
+    for old in stale_asides(out_dir):
+        print(f"note: {old} holds the files of a run that a killed --overwrite=True run had moved aside: "
+              f"move them back to keep that run, or delete it", file=sys.stderr)
     for p in (ckpt_path, best_path):
         for f in remove_stale_tmp(p):
             print(f"note: removed {f}, left by an interrupted save")

@@ -70,6 +70,7 @@ def in_process(script, args, cwd, check=False):
         sys.argv = argv
         os.chdir(here)
         torch.set_num_threads(threads)
+        dataset.release_locks()  # as the process's exit would
         for s, h in handlers.items():
             signal.signal(s, h)
     if check and code != 0:

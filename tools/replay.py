@@ -9,9 +9,8 @@ $ python tools/replay.py CKPT OUT_DIR [--freeze_gates] [--key=value ...]
 
 CKPT: a run's ckpt.pt or best.pt. OUT_DIR: a new directory for the replay (its ckpt.pt, best.pt,
 log.jsonl). --freeze_gates: T2MLR's scalar gates g_cur, g_rec get learning rate 0 from the resume
-on (the optimizer's state carries each group's lr multiplier, so --gate_lr_mult cannot change it
-on resume). Every --key=value goes to train.py after the run's own settings, e.g.
---skip_spike=10, --init_loss=False, --log_interval=1.
+on (--gate_lr_mult=0; the run must have them). Every --key=value goes to train.py after the
+run's own settings, e.g. --skip_spike=10, --init_loss=False, --log_interval=1.
 """
 
 import os
@@ -21,6 +20,7 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from checkpoint import CheckpointError, read_checkpoint  # noqa: E402
 from configurator import fail  # noqa: E402
 
 args = sys.argv[1:]
@@ -30,9 +30,11 @@ if len(paths) != 2:
     fail("usage: python tools/replay.py CKPT OUT_DIR [--freeze_gates] [--key=value ...]")
 src, out_dir = paths
 try:
-    ckpt = torch.load(src, map_location='cpu', weights_only=False)
+    ckpt = read_checkpoint(src)  # weights_only: a crafted file is refused before it runs anything
     config, groups = ckpt['config'], ckpt['optimizer']['param_groups']
-except Exception as e:  # a missing, truncated or foreign file
+except CheckpointError as e:
+    fail(str(e))
+except Exception as e:  # a missing or foreign file
     fail(f"{src}: not a train.py checkpoint ({type(e).__name__}: {e})")
 
 
@@ -42,7 +44,7 @@ def unstarted(folder):
     if os.path.exists(os.path.join(folder, 'log.jsonl')):
         return False
     try:
-        return torch.load(os.path.join(folder, 'ckpt.pt'), map_location='cpu', weights_only=False)['iter_num'] == ckpt['iter_num']
+        return read_checkpoint(os.path.join(folder, 'ckpt.pt'))['iter_num'] == ckpt['iter_num']
     except Exception:
         return False
 
@@ -60,6 +62,7 @@ if '--freeze_gates' in args:
         fail(f"{src}: no scalar gates to freeze (not a T2MLR run?)")
     for g in frozen:
         g['lr_mult'] = 0.0
+    config['gate_lr_mult'] = 0.0  # what train.py builds the groups from on resume (a changed setting is applied)
     print(f"froze {sum(len(g['params']) for g in frozen)} scalar gates")
 
 os.makedirs(out_dir, exist_ok=True)
