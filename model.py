@@ -501,14 +501,13 @@ class GPT(nn.Module):
         return h, read, self.next_state(h, read, rec_mask)
 
     def _jacobi(self, idx, n_iter, n_grad, cache=None, rec_mask=None, recompute=False, tol=None):
-        """Jacobi fixed-point iterations over the span (DESIGN.md 6), as the official code runs
-        them (D = n_iter): 1. an initial pass, the span without the state ('plain': each token
-        hands on its raw h^(e)) or on the zero state ('zero'), or the exact recurrence token by
-        token without gradient ('exact': the fixed point, so only the iterations with gradient
-        run: the same states and gradient as D >= T, at the price of one exact loop); 2. D-1 iterations: fuse the shifted
-        states, run the span, new states; the last n_grad carry gradient; 3. a final pass.
-        The span runs D+1 times. Exact after it: positions 0..D-1 ('plain'), 0..D ('zero'). tol
-        (prefill): stop once no state moves by more than tol. -> (x_out, state_in, h_e, passes)."""
+        """Jacobi fixed-point iterations over the span (DESIGN.md 6), as the official code runs them
+        (D = n_iter): 1. a first guess: the span without the state ('plain': raw h^(e)), on the zero
+        state ('zero'), or the exact loop without gradient ('exact': the fixed point, so only the
+        iterations with gradient run); 2. D-1 iterations: fuse the shifted states, run the span, new
+        states; the last n_grad carry gradient; 3. a final pass. Exact after it: positions 0..D-1
+        ('plain'), 0..D ('zero'), all ('exact'). tol (prefill): stop once no state moves by more
+        than tol. -> (x_out, state_in, h_e, passes)."""
         (B, T), D, grad = idx.shape, n_iter, torch.is_grad_enabled()
 
         def span(st, state_in=None):  # one pass of the span over the whole sequence, reading states st
