@@ -111,6 +111,9 @@ MODELS = {
     # the recipe with the spike guard armed once solved (train loss < 0.03): a solved model's Adam
     # second moments are tiny, so one burst of gradient becomes a step of full size in its direction
     't2mlr_guard_x': ['config/t2mlr_small.py', '--skip_spike=10', '--skip_spike_arm=0.03'],
+    # AdamW's second moment over ~1000 steps instead of ~20: a solved model's bursts meet the memory of
+    # the escape's gradients instead of a near-zero v, so they are not blown up to full-size steps
+    't2mlr_b2': ['config/t2mlr_small.py', '--beta2=0.999'],
     # the recipe with the exact recurrence's loss alone: the init pass (zero memory) out of the mean.
     # Its loss cannot fall below the no-state optimum, so after the solution its gradient is all there
     # is (1e-2 against 1e-8) and AdamW follows it at the full learning rate (docs/recipe.md). Screened
