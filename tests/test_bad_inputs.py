@@ -4,7 +4,8 @@ the right behaviour, and the two that lost data must leave the finished run / th
 as it was.
 
 train.py and sample.py run in this process (test_reliability.in_process), prepare.py through
-its main(); bench.py and compare.py fail before they import torch, so they run as processes.
+its main(); bench.py (and the lab/ scripts on it) and compare.py fail before they import torch, so they
+run as processes.
 The sections after the first probe's are the second's (issue 41): the LSTM through the other
 tools, options, inputs, data, tools."""
 
@@ -235,13 +236,13 @@ def test_prepare_removes_the_temp_files_of_a_killed_run(tmp_path):
 @pytest.mark.parametrize('script,args,words', [
     ('compare.py', ['--seeds='], ["seeds=''", 'comma list of integers']),
     ('bench.py', ['--vocab_size=0'], ['vocab_size=0', '>= 1']),
-    ('bench.py', ['--mem_len=-5'], ['mem_len=-5', '>= 0']),
+    ('lab/memory.py', ['--mem_len=-5'], ['mem_len=-5', '>= 0']),
     ('bench.py', ['--out=missing/b.json'], ['out=missing/b.json', 'does not exist']),
-    ('bench.py', ['--plot=missing/b.png'], ['plot=missing/b.png', 'does not exist']),
-    ('bench.py', ['--prefill_tol=-1'], ['prefill_tol=-1.0', '>= 0']),
+    ('lab/plot.py', ['--out=missing/b.png'], ['out=missing/b.png', 'does not exist']),
+    ('lab/prefill.py', ['--prefill_tol=-1'], ['prefill_tol=-1.0', '>= 0']),
 ])
 def test_script_bad_setting(tmp_path, script, args, words):
-    # before the work starts (bench.py: before it imports torch), so well under a few seconds
+    # before the work starts (bench.py and lab/: before they import torch), so well under a few seconds
     t = time.time()
     p = subprocess.run([sys.executable, os.path.join(ROOT, script), *args], cwd=tmp_path, capture_output=True,
                        text=True, timeout=60)
@@ -288,12 +289,12 @@ def test_sample_lstm_refuses_what_it_cannot_do(lstm_run, tmp_path, arg):
     assert not out and not os.listdir(tmp_path)
 
 
-def test_bench_prefill_ckpt_lstm_fails_at_start(lstm_run, tmp_path):
+def test_lab_prefill_ckpt_lstm_fails_at_start(lstm_run, tmp_path):
     t = time.time()
-    p = subprocess.run([sys.executable, os.path.join(ROOT, 'bench.py'), f'--prefill_ckpt={lstm_run}/ckpt.pt'], cwd=tmp_path,
+    p = subprocess.run([sys.executable, os.path.join(ROOT, 'lab', 'prefill.py'), f'--prefill_ckpt={lstm_run}/ckpt.pt'], cwd=tmp_path,
                        capture_output=True, text=True, timeout=120, env={**os.environ, 'OMP_NUM_THREADS': '1'})
     one_line(p.returncode, p.stderr, 'is an LSTM', 'no prefill modes')
-    assert time.time() - t < 60 and not p.stdout  # before section 1's timings
+    assert time.time() - t < 60 and not p.stdout  # before any timing
 
 
 def test_engine_on_an_lstm(lstm_run):

@@ -43,7 +43,8 @@ def test_malicious_checkpoint_is_refused_unrun_by_every_reader(world, tmp_path):
         'train.py': in_process('train.py', train_args(world, evil.parent, '--init_from=resume'), tmp_path),
     }
     for name, argv in [('replay.py', [os.path.join(ROOT, 'tools', 'replay.py'), evil, tmp_path / 'replay']),
-                       ('bench.py', [os.path.join(ROOT, 'bench.py'), '--quick=True', '--threads=1', f'--prefill_ckpt={evil}'])]:
+                       ('lab/prefill.py', [os.path.join(ROOT, 'lab', 'prefill.py'), '--quick=True', '--threads=1',
+                                           f'--prefill_ckpt={evil}'])]:
         p = script(*argv, cwd=tmp_path)
         results[name] = (p.returncode, p.stdout, p.stderr)
     from checkpoint import CheckpointError, load_checkpoint, read_checkpoint  # compare.py's readers
