@@ -22,7 +22,7 @@ lrt_shared = True
 train_mode = 'interleaved'
 n_subsets = 2
 # 8 x 2048 x 64 = ~1M tokens per step (10B tokens = ~9,500 steps), 8 sequences a micro-batch:
-# LRT keeps 4.8 GiB per 2048-token sequence for backward (bench.py --mem_configs, docs/cost.md),
+# LRT keeps 4.8 GiB per 2048-token sequence for backward (lab/memory.py --mem_configs, docs/cost.md),
 # so micro-batch 16 is predicted at 91 GiB, over an 80 GB GPU; 8 is predicted at 46 GiB.
 # recompute=True keeps a sixth, and 16 then fits (27 GiB).
 batch_size = 8

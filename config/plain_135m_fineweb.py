@@ -16,7 +16,7 @@ block_size = 2048
 recurrence = 'none'
 train_mode = 'plain'
 # 16 x 2048 x 32 = ~1M tokens per step; 10B tokens = ~9,500 steps. The plain model keeps 1.9 GiB per
-# 2048-token sequence for backward: micro-batch 16 is predicted at 46 GiB (bench.py --mem_configs, docs/cost.md)
+# 2048-token sequence for backward: micro-batch 16 is predicted at 46 GiB (lab/memory.py --mem_configs, docs/cost.md)
 batch_size = 16
 gradient_accumulation_steps = 32
 max_iters = 9500

@@ -22,7 +22,7 @@ train_mode = 'jacobi'
 n_iter = 16
 n_grad = 4
 # 8 x 2048 x 64 = ~1M tokens per step (10B tokens = ~9,500 steps), 8 sequences a micro-batch:
-# T2MLR keeps 3.3 GiB per 2048-token sequence for backward (bench.py --mem_configs, docs/cost.md),
+# T2MLR keeps 3.3 GiB per 2048-token sequence for backward (lab/memory.py --mem_configs, docs/cost.md),
 # so micro-batch 16 is predicted at 67 GiB, tight on an 80 GB GPU once the allocator and kernel
 # workspaces (not in the prediction) are added; 8 is predicted at 35 GiB. recompute=True keeps half.
 batch_size = 8

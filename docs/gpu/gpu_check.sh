@@ -45,10 +45,13 @@ SMALL="config/t2mlr_small.py --data_root=$D --overwrite=True --device=cuda --com
 timeout -k 10 90 $PY train.py $SMALL --out_dir="$L/small" --max_iters=100 --eval_interval=100 2>&1 | grep -E "^iter|eval step|test|rror" | tail -5
 if [ "$NG" -ge 2 ]; then timeout -k 10 120 $PY -m torch.distributed.run --standalone --nproc_per_node=2 train.py $SMALL --out_dir="$L/ddp" \
   --max_iters=50 --eval_interval=50 --gradient_accumulation_steps=2 2>&1 | grep -E "^iter|eval step|rror" | tail -4; else echo "torchrun: skipped ($NG GPU)"; fi
-sec "4. bench.py --device=cuda: compiled decode/prefill in CUDA-graph mode (reduce-overhead), eager training ratios, 135M memory"
-TORCH_LOGS=cudagraphs timeout -k 10 100 $PY bench.py --device=cuda --compile=True --compile_mode=reduce-overhead --hf_peer=False --decode_batches=1 \
-  --gen_lens=64 --train_reps=3 --decode_reps=3 --prefill_reps=2 --out="$L/bench.json" > "$L/bench.log" 2>&1
-grep -v '^{' "$L/bench.log" | grep -v -i "cudagraph\|warn" | tail -32; echo "  'skipping cudagraphs' lines: $(grep -c 'skipping cudagraphs' "$L/bench.log")"
+sec "4. bench.py, lab/prefill.py, lab/memory.py --device=cuda: compiled decode/prefill in CUDA-graph mode (reduce-overhead), eager training ratios, step peaks"
+TORCH_LOGS=cudagraphs timeout -k 10 80 $PY bench.py --device=cuda --compile=True --compile_mode=reduce-overhead --decode_batches=1 \
+  --gen_lens=64 --train_reps=3 --decode_reps=3 --out="$L/bench.json" > "$L/bench.log" 2>&1
+TORCH_LOGS=cudagraphs timeout -k 10 40 $PY lab/prefill.py --device=cuda --compile=True --compile_mode=reduce-overhead --prefill_reps=2 \
+  --out="$L/prefill.json" >> "$L/bench.log" 2>&1
+timeout -k 10 30 $PY lab/memory.py --device=cuda --out="$L/memory.json" >> "$L/bench.log" 2>&1
+grep -v '^{' "$L/bench.log" | grep -v -i "cudagraph\|warn" | tail -48; echo "  'skipping cudagraphs' lines: $(grep -c 'skipping cudagraphs' "$L/bench.log")"
 sec "5. 135M configs through train.py on synthetic GPT-2-vocab tokens, batch 4 x 2048, compile=${C135:-False}"
 $PY -c "import sys, os, numpy as np; from corpora import write_token_meta as w; d, n, r = sys.argv[1], {'train': 20_000_000, 'val': 500_000}, np.random.default_rng(0)
 os.makedirs(d, exist_ok=True); [(lambda a: (a.__setitem__(slice(None, None, 1000), 50256), a.tofile(f'{d}/{s}.bin')))(r.integers(0, 50256, n[s], dtype=np.uint16)) for s in n]
