@@ -1,5 +1,5 @@
 """
-Checkpoints in and out of model.GPT: the one format train.py, sample.py and bench.py share,
+Checkpoints in and out of model.GPT: the one format train.py, sample.py and lab/prefill.py share,
 and the import of a pretrained Hugging Face Llama (SmolLM2, ...) for retrofitting.
 
   save_checkpoint(ckpt, path)          atomic and durable (temp file, fsync, rename, fsync dir)
@@ -307,8 +307,8 @@ def from_pretrained(name_or_path, dtype=torch.float32, **overrides):
 
 def to_hf_llama(model):
     """The backbone of a GPT (no recurrence parameters) as a transformers LlamaForCausalLM with the
-    same weights, in the model's dtype and device: the export of HF_LLAMA_NAMES. bench.py times it
-    as a peer; tools/official.py wraps it in the official T2MLR code. Needs transformers."""
+    same weights, in the model's dtype and device: the export of HF_LLAMA_NAMES. lab/hf_peer.py times
+    it as a peer; tools/official.py wraps it in the official T2MLR code. Needs transformers."""
     from transformers import LlamaConfig, LlamaForCausalLM
     c = model.config
     if not c.rope or c.attn_window:

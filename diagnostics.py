@@ -7,7 +7,7 @@ here changes what the model computes: the recurrence is observed through forward
   trace_values(...)     per position of one input: state, gates, exact and zero-state predictions
   task_accuracy(...)    teacher-forced token accuracy and exact match on labelled task rows
   jacobi_profile(...)   how fast Jacobi iterations reach the exact states of a trained model
-  activation_bytes(fn)  the bytes autograd saves for backward while fn() runs (bench.py, tools/official.py)
+  activation_bytes(fn)  the bytes autograd saves for backward while fn() runs (lab/memory.py, tools/official.py)
 """
 
 import math

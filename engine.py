@@ -80,7 +80,7 @@ class Engine:
 
     def decode_step(self, tok, pos, state, cache):
         """GPT.decode_step, static: pos a range(t, t + 1) or the (1,) tensor [t] (bench.py makes them
-        once)."""
+        before its clock starts)."""
         if not torch.is_tensor(pos):  # a range: checked (the compiled step cannot index past its RoPE table)
             check_decode_step(self.config, tok, pos, state if isinstance(self.model, GPT) else None, cache)
             pos = torch.tensor([pos.start], device=tok.device)
