@@ -1,6 +1,6 @@
 """
-Checkpoints in and out of model.GPT: the one format train.py, sample.py and bench.py share,
-and the import of a pretrained Hugging Face Llama (SmolLM2, ...) for retrofitting.
+Checkpoints in and out of model.GPT: the one format train.py, sample.py, lab/evaluate.py
+and bench.py share, and the import of a pretrained Hugging Face Llama (SmolLM2, ...) for retrofitting.
 
   save_checkpoint(ckpt, path)          atomic and durable (temp file, fsync, rename, fsync dir)
   load_checkpoint(path) -> (model, ckpt)   every failure one CheckpointError line; checkpoints
