@@ -176,11 +176,12 @@ def rec_mask(meta, ids, device):
 
 
 @torch.no_grad()
-def show_labels(model, meta, ids, labels, name, title, ctx=nullcontext()):
+def show_labels(model, ids, labels, name, title, ctx=nullcontext(), meta=None):
     """One teacher-forced forward over ids (exact recurrence, or the plain forward of a model
     without one) and a table: position, input token, predicted label, true label (labels: -1 =
-    unlabelled; None = unknown, no such column), * where they differ. name(id) -> its text. Runs of
-    unlabelled positions are folded into one line. -> (right, labelled)."""
+    unlabelled; None = unknown, no such column), * where they differ. name(id) -> its text; meta:
+    the task's, for its recurrence mask. Runs of unlabelled positions are folded into one line.
+    -> (right, labelled)."""
     if len(ids) > model.config.block_size:
         fail(f"the input has {len(ids)} tokens, more than the model's block_size {model.config.block_size}")
     rec = model.config.recurrence != 'none'
@@ -230,7 +231,8 @@ def print_trace(cols):
 
 def trace(model, ids, labels, path, title, meta=None):
     """The trace of input ids (labels per position, or None): the table, path's .json and path
-    (a picture, if matplotlib is installed). Bad input: one line (exit 2) before anything is written."""
+    (a picture, if matplotlib is installed); meta: the task's, for its recurrence mask. Bad input:
+    one line (exit 2) before anything is written."""
     if model.config.recurrence == 'none':
         fail("nothing to trace: this model has no recurrence (recurrence='none')")
     if len(ids) > model.config.block_size:
@@ -380,8 +382,8 @@ def main(argv=None):
         eval_answers(model, data_dir, meta, c.eval_answers, decode, c.max_new_tokens, c.eval_batch_size, ctx, prefill,
                      c.eval_n)
     elif not (meta['format'] == 'examples' and meta['tokenizer'] == 'task'):
-        fail(f"{meta['name']} is not labelled task data: no labels to show; give a job ({', '.join(JOBS[:2] + JOBS[3:])}), "
-             f"or sample it with python sample.py --start=...")
+        fail(f"{meta['name']} is not labelled task data: no labels to show; give a job (eval_split, eval_answers, "
+             f"trace, jacobi_profile), or sample it with python sample.py --start=...")
     else:  # a labelled task: a predicted label is no next input, so show the labels teacher-forced instead
         if c.show_split:
             ids, labels = split_row(data_dir, meta, c.show_split, c.show_row, 'show')
@@ -393,7 +395,7 @@ def main(argv=None):
                 print(f"note: no true labels for {meta['name']}: they are recomputed only for s5 and s5_retrieval data "
                       f"prepared by this version (meta.json 'task') and an input in the task's layout; "
                       f"--show_split=SPLIT --show_row=N shows a stored row with its labels", file=sys.stderr)
-        show_labels(model, meta, ids, labels, lambda i: decode([i]), title, ctx)
+        show_labels(model, ids, labels, lambda i: decode([i]), title, ctx, meta)
 
 
 if __name__ == '__main__':
