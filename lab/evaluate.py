@@ -358,6 +358,12 @@ def main(argv=None):
     data_dir, meta = find_data(train_config, model, c.dataset, c.data_root, 'data_root' in given)
     encode, decode = get_tokenizer(meta) if not c.eval_split else (None, None)  # gpt2 offline fails here, before any model
     prefill = c.prefill or ('plain' if meta.get('rec_mask') else 'exact')  # as the model was trained
+    task = meta['format'] == 'examples' and meta['tokenizer'] == 'task'  # labelled task data
+    if c.eval_answers and not meta.get('rec_mask'):
+        fail(f"eval_answers needs prompt/response data (prepare.py jsonl or gsm8k); {meta['name']} is not")
+    if jobs in ([], ['show_split']) and not task:  # the label table needs labels
+        fail(f"{meta['name']} is not labelled task data: no labels to show; give a job (eval_split, eval_answers, "
+             f"trace, jacobi_profile), or sample it with python sample.py --start=...")
     model = finish_model(model, meta, c.device, c.attn_window)
 
     if c.jacobi_profile:
@@ -377,13 +383,8 @@ def main(argv=None):
     elif c.eval_split:
         eval_split(model, data_dir, meta, c.eval_split, c.eval_batch_size, ctx, train_config)
     elif c.eval_answers:
-        if not meta.get('rec_mask'):
-            fail(f"eval_answers needs prompt/response data (prepare.py jsonl or gsm8k); {meta['name']} is not")
         eval_answers(model, data_dir, meta, c.eval_answers, decode, c.max_new_tokens, c.eval_batch_size, ctx, prefill,
                      c.eval_n)
-    elif not (meta['format'] == 'examples' and meta['tokenizer'] == 'task'):
-        fail(f"{meta['name']} is not labelled task data: no labels to show; give a job (eval_split, eval_answers, "
-             f"trace, jacobi_profile), or sample it with python sample.py --start=...")
     else:  # a labelled task: a predicted label is no next input, so show the labels teacher-forced instead
         if c.show_split:
             ids, labels = split_row(data_dir, meta, c.show_split, c.show_row, 'show')

@@ -275,6 +275,11 @@ def test_corpus_is_still_sampled(tmp_path):
     assert code == 0, err
     out = samples(out)
     assert len(out) == 3 and all(s.startswith('hello') and len(s) <= len('hello') + 7 for s in out)
+    # lab/evaluate.py has no labels to show on it, nor answers to score: one line, before any model is built
+    for job in ([], ['--show_split=val'], ['--eval_answers=val']):
+        code, out, err = run_here('--init_from=scratch', f'--dataset={data}', '--start=hello', *job, script=EVALUATE)
+        assert code == 2 and not out and err.count('\n') == 1, err
+        assert ('needs prompt/response data' if job == ['--eval_answers=val'] else 'not labelled task data') in err
 
 
 def test_prompt_gets_the_reset_token():
