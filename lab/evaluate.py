@@ -319,16 +319,16 @@ SETTINGS = dict(
     prefill='',             # eval_answers: 'exact' | 'jacobi' | 'plain'; '' = plain for prompt/response data, else exact
     eval_batch_size=64,     # rows (eval_split) or prompts (eval_answers) a batch
     show_split='',          # job: show this task split's row show_row with its stored labels (instead of --start)
-    show_row=0,
+    show_row=0,             # show_split's row
     trace='',               # job: e.g. trace.png: gate and state trace of one input (also writes trace.json)
     trace_split='',         # the trace's input: a row of this task split (with its labels); '' = the --start input
-    trace_row=0,
+    trace_row=0,            # trace_split's row
     jacobi_profile='',      # job: e.g. profile.png: how fast Jacobi reaches the exact states (also profile.json)
     profile_split='test',   # the profile's rows: the first profile_rows of this split
-    profile_rows=64,
+    profile_rows=64,        # the profile's row count
     profile_with='',        # more profiles to draw in the same picture: their .json files, comma-separated
     attn_window=-1,         # >= 0: this attention window instead of the model's (0 = full attention)
-    seed=1337,
+    seed=1337,              # torch's seed (a scratch model's weights)
     device='cpu',           # 'cpu', 'cuda', 'cuda:1', ...
     dtype='float32',        # 'float32' | 'bfloat16' (autocast)
 )
