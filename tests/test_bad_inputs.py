@@ -424,7 +424,7 @@ def test_generate_and_decode_step_check_their_inputs():
 def test_sample_binary_prompt_file_is_one_line(world, tmp_path, script):
     (tmp_path / 'p.bin').write_bytes(bytes(range(256)))
     code, out, err = in_process(script, ['--init_from=scratch', f'--data_root={world}/data', '--dataset=s5_Z2',
-                                              f'--start=FILE:{tmp_path}/p.bin'], tmp_path)
+                                         f'--start=FILE:{tmp_path}/p.bin'], tmp_path)
     one_line(code, err, f'--start=FILE:{tmp_path}/p.bin', 'not UTF-8 text')
     assert not out
 
