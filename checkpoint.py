@@ -1,6 +1,6 @@
 """
-Checkpoints in and out of model.GPT: the one format train.py, sample.py and lab/prefill.py share,
-and the import of a pretrained Hugging Face Llama (SmolLM2, ...) for retrofitting.
+Checkpoints in and out of model.GPT: the one format train.py, sample.py, lab/evaluate.py
+and lab/prefill.py share, and the import of a pretrained Hugging Face Llama (SmolLM2, ...) for retrofitting.
 
   save_checkpoint(ckpt, path)          atomic and durable (temp file, fsync, rename, fsync dir)
   load_checkpoint(path) -> (model, ckpt)   every failure one CheckpointError line; checkpoints
@@ -9,15 +9,23 @@ and the import of a pretrained Hugging Face Llama (SmolLM2, ...) for retrofittin
   build_model(model_args)              model.GPT, or lstm.LSTM (the baseline) for arch='lstm'
   from_pretrained(name, **overrides)   a Hugging Face Llama checkpoint as a GPT, the recurrence at identity
   to_hf_llama(model)                   the backbone of a GPT as a transformers LlamaForCausalLM (same weights)
+
+A model to run, and the dataset it reads (sample.py and lab/evaluate.py; bad input: one line):
+  check_run_settings(...)              device, dtype, ckpt, prefill, attn_window
+  load_model(init_from, out_dir, device, which) -> (model or None, the run's config)
+  find_data(train_config, model, name, data_root, root_given) -> (data_dir, meta)
+  finish_model(model, meta, device, attn_window)   scratch_model for None, checked, eval mode
 """
 
 import os
 import re
+import sys
 
 import numpy as np
 import torch
 
 import dataset
+from configurator import fail
 from lstm import LSTM, LSTMConfig
 from model import GPT, GPTConfig
 
@@ -335,3 +343,103 @@ def to_hf_llama(model):
     missing, unexpected = hf.load_state_dict(theirs, strict=False)
     assert not unexpected and all('lm_head' in k for k in missing), (missing, unexpected)
     return hf
+
+# -----------------------------------------------------------------------------
+# a model to run and its dataset: what sample.py and lab/evaluate.py share
+
+def check_run_settings(device, dtype, ckpt, prefill, attn_window):
+    """The settings of running a model that every script running one takes: one line each, at start."""
+    if device.startswith('cuda') and not torch.cuda.is_available():
+        fail(f"device={device} but torch.cuda.is_available() is False")
+    if dtype not in ('float32', 'bfloat16'):
+        fail(f"dtype={dtype}: expected float32 or bfloat16")
+    if ckpt not in ('latest', 'best'):
+        fail(f"ckpt={ckpt!r}: expected 'latest' (out_dir/ckpt.pt) or 'best' (out_dir/best.pt)")
+    if prefill not in ('', 'exact', 'jacobi', 'plain'):
+        fail(f"prefill={prefill}: expected exact, jacobi or plain")
+    if attn_window < -1:
+        fail(f"attn_window={attn_window}: must be >= 0 (0 = full attention), or -1 for the model's own")
+
+
+def load_model(init_from, out_dir, device, which='latest'):
+    """-> (model, the run's config dict); (None, {}) for init_from='scratch' (finish_model builds it
+    once the dataset is known). which: 'latest' (ckpt.pt) or 'best' (best.pt) for init_from='resume'.
+    A checkpoint problem ends the program with one line (exit 1)."""
+    if init_from == 'scratch':
+        return None, {}
+    if init_from != 'resume' and not init_from.endswith('.pt'):
+        if dataset.missing_folder(init_from):  # not a Hub download that fails
+            fail(f"init_from={init_from}: no such folder (a local path; a Hugging Face name is owner/name)")
+        if not os.path.isdir(os.path.expanduser(init_from)):
+            dataset.check_hub(f"the model {init_from}")  # a network that never answers: one line, not a hang
+        try:  # a pretrained Hugging Face model, recurrence off: the baseline a retrofit starts from
+            return from_pretrained(init_from).to(device), {}
+        except (CheckpointError, ImportError) as e:
+            fail(str(e))
+    path = os.path.join(out_dir, {'latest': 'ckpt.pt', 'best': 'best.pt'}[which]) if init_from == 'resume' else init_from
+    try:
+        model, ckpt = load_checkpoint(path, device)
+    except CheckpointError as e:
+        fail(str(e), code=1)
+    kind = f"the {which} checkpoint" if init_from == 'resume' else "checkpoint"
+    best = ckpt.get('best_val_loss', 1e9)
+    print(f"note: loaded {kind} {path} (step {ckpt.get('iter_num', '?')}"
+          + (f", best exact val loss {best:.4f})" if best < 1e9 else ")"), file=sys.stderr)
+    return model, dict(ckpt.get('config') or {}, data=ckpt.get('data'))
+
+
+def refuse_for_lstm(model, given):
+    """given: {setting: value} the user set that an LSTM has no use for (no attention, no latent
+    state, its prompt always runs exactly): one line, where it would be ignored or a traceback."""
+    if model is not None and getattr(model.config, 'arch', 'gpt') == 'lstm':
+        for k, v in given.items():
+            fail(f"{k}={v!r} does not apply to an LSTM (its prompt always runs exactly; it has no "
+                 f"attention and no latent state to trace)")
+
+
+def find_data(train_config, model, name, data_root, root_given):
+    """The dataset to read: data_root/name, else the one the run was trained on (its data_root,
+    unless root_given: the flag wins), else GPT-2 tokens for a model of GPT-2's vocabulary.
+    -> (data_dir or None, meta). A vocabulary other than the one the model learned is one line."""
+    if name:
+        data_dir = os.path.join(data_root, name)
+    elif train_config.get('dataset'):
+        root = data_root if root_given else train_config.get('data_root', data_root)
+        data_dir = os.path.join(root, train_config['dataset'])
+    else:
+        data_dir = None
+    if data_dir is not None:
+        meta = dataset.load_meta(data_dir)
+    elif model is None or model.config.vocab_size >= 50257:
+        meta = dict(name='gpt2', tokenizer='gpt2', reset_token=50256, vocab_size=50257, format='tokens')
+        print("note: no dataset given or recorded in the checkpoint: using the GPT-2 tokenizer", file=sys.stderr)
+    else:
+        fail("the checkpoint records no dataset: give --dataset=NAME (a folder of data_root made by prepare.py)")
+    trained_on = train_config.get('data')  # the vocabulary the checkpoint was trained with (train.py records it)
+    if trained_on and data_dir is not None and dataset.data_fingerprint(meta)['vocab_crc'] != trained_on['vocab_crc']:
+        fail(f"dataset {meta['name']} has another vocabulary than {trained_on['name']}, which the model was trained "
+             f"on ({trained_on['tokenizer']}, {trained_on['vocab_size']} tokens): its tokens would mean other things")
+    return data_dir, meta
+
+
+def scratch_model(meta, device):
+    """A fresh tiny T2MLR model (untrained) of the dataset's vocabulary: checks the plumbing without a checkpoint."""
+    vocab = meta['vocab_size'] if meta else 50304  # GPT-2's vocab padded to a multiple of 64
+    config = GPTConfig(block_size=1024, vocab_size=vocab, n_layer=2, n_head=2, n_kv_head=1, n_embd=32,
+                       recurrence='t2mlr', rec_start=0, rec_end=1, reset_token=(meta or {}).get('reset_token'))
+    return GPT(config).to(device)
+
+
+def finish_model(model, meta, device, attn_window=-1):
+    """The model ready to run on meta's data (a scratch model for None), in eval mode, with
+    attention window attn_window if >= 0 (0 = full attention; a diagnostic); one note says what it is."""
+    model = scratch_model(meta, device) if model is None else model
+    if meta['vocab_size'] > model.config.vocab_size:
+        fail(f"dataset {meta['name']} has {meta['vocab_size']} tokens but the model only {model.config.vocab_size}")
+    if attn_window >= 0:
+        model.config.attn_window = attn_window
+    model.eval()
+    print(f"model: {getattr(model.config, 'arch', model.config.recurrence)}, {model.config.n_layer} layers, "
+          f"d={model.config.n_embd}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters; "
+          f"data: {meta['name']}", file=sys.stderr)
+    return model

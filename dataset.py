@@ -1,8 +1,8 @@
 """
 The dataset format: the contract between prepare.py (which writes datasets) and train.py /
-sample.py (which read them), with its readers, its atomic writers and the tokenizers.
+sample.py / lab/evaluate.py (which read them), with its readers, its atomic writers and the tokenizers.
 
-The format (the contract train.py and sample.py rely on). A dataset is a folder
+The format (the contract train.py, sample.py and lab/evaluate.py rely on). A dataset is a folder
 holding meta.json and binary files:
 
   meta.json  {"name", "format": "tokens" | "examples", "vocab_size", "dtype": "uint16" | "uint32",
@@ -24,7 +24,7 @@ holding meta.json and binary files:
   rec_mask   prompt/response data (jsonl, gsm8k; meta "rec_mask": true, "pad_token", "eos_token"):
              examples rows plus {split}_m.bin (uint8, (n, len)): 1 where the recurrence is on (the
              response), 0 on the prompt and padding; and, for val/test, {split}_answers.json
-             {"prompt_len": [int], "answer": [str]} per row (for answer accuracy, sample.py).
+             {"prompt_len": [int], "answer": [str]} per row (for answer accuracy, lab/evaluate.py).
 
 Writes are atomic: each file goes to a temporary name in the same folder and is os.replace'd,
 an old dataset is moved aside before anything is written (and put back if the write fails or is
@@ -172,11 +172,11 @@ def load_answers(data_dir, split, meta):
 
 
 def data_fingerprint(meta):
-    """What a checkpoint records of its dataset (train.py): its vocabulary, which sample.py and a
-    resume compare with the dataset they are given, so that data with another token table is one
-    line, not a wrong decoding or an accuracy on data the model never saw; and its content (the
-    options it was made with, the split sizes), so that a resume on a dataset regenerated under
-    the same name says so."""
+    """What a checkpoint records of its dataset (train.py): its vocabulary, which sample.py,
+    lab/evaluate.py and a resume compare with the dataset they are given, so that data with
+    another token table is one line, not a wrong decoding or an accuracy on data the model never
+    saw; and its content (the options it was made with, the split sizes), so that a resume on a
+    dataset regenerated under the same name says so."""
     table = meta.get('itos') or meta.get('hf_tokenizer') or meta['tokenizer']
     args = {k: v for k, v in (meta.get('args') or {}).items() if k not in ('out_dir', 'num_proc', 'cache_dir')}
     return dict(name=meta['name'], tokenizer=meta['tokenizer'], vocab_size=meta['vocab_size'],

@@ -1,5 +1,5 @@
 """
-Watching a model: what train.py, sample.py and compare.py measure besides the loss. Nothing
+Watching a model: what train.py, lab/evaluate.py and compare.py measure besides the loss. Nothing
 here changes what the model computes: the recurrence is observed through forward hooks.
 
   watch(model)          a context: forward hooks keep the state each token reads and the gates
@@ -147,7 +147,7 @@ def gate_stats(model, x, m=None, ctx=nullcontext()):
     return out
 
 # -----------------------------------------------------------------------------
-# trace: the recurrence at work on one input (sample.py --trace)
+# trace: the recurrence at work on one input (lab/evaluate.py --trace)
 
 @torch.no_grad()
 def trace_values(model, idx, labels=None, rec_mask=None):
@@ -244,7 +244,7 @@ def plot_trace(cols, path, title):
     fig.savefig(path, dpi=120)
 
 # -----------------------------------------------------------------------------
-# teacher-forced accuracy on labelled task rows (train.py's evaluation, sample.py --eval_split)
+# teacher-forced accuracy on labelled task rows (train.py's evaluation, lab/evaluate.py --eval_split)
 
 @torch.no_grad()
 def eval_modes(train_mode, recurrent=True):
@@ -295,7 +295,7 @@ def task_accuracy(model, X, Y, M=None, mode='exact', batch_size=256, ctx=nullcon
                 step_acc=kept / prev if prev else None)
 
 # -----------------------------------------------------------------------------
-# Jacobi convergence on a trained model (sample.py --jacobi_profile)
+# Jacobi convergence on a trained model (lab/evaluate.py --jacobi_profile)
 
 @torch.no_grad()
 def jacobi_profile(model, X, M=None, K=None, rtol=1e-3, batch_size=64):
@@ -359,7 +359,7 @@ def plot_jacobi_profile(profiles, path, T):
     fig.savefig(path, dpi=120)
 
 # -----------------------------------------------------------------------------
-# a token corpus, read whole (sample.py --eval_split on text, compare.py's text table)
+# a token corpus, read whole (lab/evaluate.py --eval_split on text, compare.py's text table)
 
 @torch.no_grad()
 def corpus_loss(model, data, T, mode='exact', batch_size=32, max_windows=0, ctx=nullcontext(), **scheme):

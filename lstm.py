@@ -1,7 +1,7 @@
 """
 The LSTM baseline: the recurrent network the T2MLR paper sets against T2MLR on S5-Retrieval
 (DESIGN.md 10: "Transformer and LSTM fail"), built as the official code builds it, and trained,
-evaluated and sampled through the same train.py, compare.py and sample.py as the GPT
+evaluated and sampled through the same train.py, compare.py, lab/evaluate.py and sample.py as the GPT
 (train.py --arch=lstm: n_layer and n_embd are its layers and its hidden size).
 
 The official model: princeton-pli/T2MLR at 4510e81, src/modeling/rnnlm.py (RNNLMForCausalLM):
@@ -37,7 +37,7 @@ from model import GPT, ce_loss
 
 @dataclass
 class LSTMConfig:
-    block_size: int = 1024      # the longest sequence train.py and sample.py give it (an LSTM has no limit of its own)
+    block_size: int = 1024      # the longest sequence the scripts give it (an LSTM has no limit of its own)
     vocab_size: int = 50304
     vocab_pad: int = 1          # embedding rows rounded up to a multiple of this; never sampled or in the loss
     n_layer: int = 4            # LSTM layers

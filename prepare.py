@@ -1,5 +1,5 @@
 """
-Prepare a dataset for train.py and sample.py:
+Prepare a dataset for train.py, sample.py and lab/evaluate.py:
 
     python prepare.py s5 --group=S5                    # state tracking       -> data/s5_S5
     python prepare.py s5 --group=Z2 --train_len=32     # parity               -> data/s5_Z2

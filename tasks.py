@@ -3,7 +3,7 @@ The built-in synthetic tasks, each a generator of (input, aligned label) rows wr
 dataset.write_task: the group word problem s5 (state tracking), s5_retrieval (T2MLR's
 S5-Retrieval: state tracking + lookup in an in-context dictionary), varassign (variable
 assignment chains) and assoc (associative recall: the lookup alone, no state to track).
-task_labels recomputes the labels of an input (sample.py shows them).
+task_labels recomputes the labels of an input (lab/evaluate.py shows them).
 """
 
 import itertools
@@ -182,7 +182,7 @@ def task_labels(meta, ids):
     meta['task'] records it (s5, s5_retrieval): what the generator would have stored as y for a
     row (or a prefix of one) with these tokens. -> list of ints (-1 = unlabelled), or None for
     any other task, a meta.json written before meta['task'] existed, or an input that is not
-    (a prefix of) a row of the task. sample.py shows these next to the model's predictions."""
+    (a prefix of) a row of the task. lab/evaluate.py shows these next to the model's predictions."""
     task = meta.get('task') or {}
     if task.get('name') not in ('s5', 's5_retrieval') or not len(ids):
         return None

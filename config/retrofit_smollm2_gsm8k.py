@@ -4,7 +4,7 @@
 # weights + AdamW, plus activations). Needs internet once (model, tokenizer, data are cached).
 #   python prepare.py gsm8k --tokenizer=HuggingFaceTB/SmolLM2-1.7B-Instruct
 #   python train.py config/retrofit_smollm2_gsm8k.py
-#   python sample.py --out_dir=out/retrofit_smollm2_gsm8k --eval_answers=test --max_new_tokens=400 --dtype=bfloat16 --device=cuda
+#   python lab/evaluate.py --out_dir=out/retrofit_smollm2_gsm8k --eval_answers=test --max_new_tokens=400 --dtype=bfloat16 --device=cuda
 # Control (same recipe, no recurrence): --recurrence=none --train_mode=plain --out_dir=out/smollm2_gsm8k_plain
 out_dir = 'out/retrofit_smollm2_gsm8k'
 init_from = 'HuggingFaceTB/SmolLM2-1.7B-Instruct'   # 24 layers, d=2048, vocab 49152
@@ -38,7 +38,7 @@ grad_clip = 1.0
 dtype = 'bfloat16'
 compile = False
 # evaluation: exact recurrence is token by token over ~300-token rows, so keep it small here
-# and measure answers with sample.py --eval_answers=test afterwards
+# and measure answers with lab/evaluate.py --eval_answers=test afterwards
 eval_interval = 100
 eval_iters = 10
 eval_exact_iters = 2

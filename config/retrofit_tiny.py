@@ -6,7 +6,7 @@
 # (prompt '3+1+4=\n', response '3 4 8 #### 8': running sums mod 10, answer after '####';
 # 1000 distinct prompts: 900 train, 50 val, 50 test, no test prompt seen in training).
 # Then:  python train.py config/retrofit_tiny.py
-#        python sample.py --out_dir=out/retrofit_tiny --eval_answers=test --max_new_tokens=16
+#        python lab/evaluate.py --out_dir=out/retrofit_tiny --eval_answers=test --max_new_tokens=16
 # The model starts random, so the learning rate is a
 # from-scratch one (3e-3), not the fine-tuning 1e-5 of the real recipe; the rest follows it.
 out_dir = 'out/retrofit_tiny'

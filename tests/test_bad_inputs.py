@@ -3,9 +3,9 @@ thing silently, or ended in a traceback. Each must now be one line (exit 2, nami
 the right behaviour, and the two that lost data must leave the finished run / the good dataset
 as it was.
 
-train.py and sample.py run in this process (test_reliability.in_process), prepare.py through
-its main(); bench.py (and the lab/ scripts on it) and compare.py fail before they import torch, so they
-run as processes.
+train.py, sample.py and lab/evaluate.py run in this process (test_reliability.in_process), prepare.py
+through its main(); bench.py (and the lab/ scripts on it) and compare.py fail before they import torch,
+so they run as processes.
 The sections after the first probe's are the second's (issue 41): the LSTM through the other
 tools, options, inputs, data, tools."""
 
@@ -178,6 +178,14 @@ def test_recompute_in_plain_mode_is_noted(world, tmp_path):
     (['--prefill_tol=0.1'], ["prefill_tol=0.1", "(prefill is 'exact')"]),  # the default prefill of task data
     (['--prefill=jacobi', '--prefill_iters=0'], ['prefill_iters=0', '>= 1']),
     (['--prefill_iters=-3'], ['prefill_iters=-3', '>= 1']),
+    (['--attn_window=-7'], ['attn_window=-7', '-1 for the model']),
+    (['--init_from=/a/local/path'], ['init_from=/a/local/path', 'no such folder']),
+])
+def test_sample_bad_setting(world, tmp_path, args, words):
+    bad_setting(world, tmp_path, 'sample.py', args, words)
+
+
+@pytest.mark.parametrize('args,words', [
     (['--profile_rows=-5'], ['profile_rows=-5', '>= 1']),
     (['--profile_rows=0'], ['profile_rows=0', '>= 1']),
     (['--attn_window=-7'], ['attn_window=-7', '-1 for the model']),
@@ -186,11 +194,16 @@ def test_recompute_in_plain_mode_is_noted(world, tmp_path):
     (['--jacobi_profile=p.png', '--profile_with=notes.txt'], ['profile_with: notes.txt is not a profile']),
     (['--init_from=/a/local/path'], ['init_from=/a/local/path', 'no such folder']),
 ])
-def test_sample_bad_setting(world, tmp_path, args, words):
+def test_evaluate_bad_setting(world, tmp_path, args, words):
+    bad_setting(world, tmp_path, 'lab/evaluate.py', args, words)
+
+
+def bad_setting(world, tmp_path, script, args, words):
+    """script on the task data with args: one line naming the setting, nothing on stdout, nothing written."""
     (tmp_path / 'notes.txt').write_text('not json')
     scratch = [] if any(a.startswith('--init_from') for a in args) else ['--init_from=scratch']
-    code, out, err = in_process('sample.py', [*scratch, f'--data_root={world}/data', '--dataset=s5_Z2', '--start=0 1',
-                                              *args], tmp_path)
+    code, out, err = in_process(script, [*scratch, f'--data_root={world}/data', '--dataset=s5_Z2', '--start=0 1',
+                                         *args], tmp_path)
     one_line(code, err, *words)
     assert not out and os.listdir(tmp_path) == ['notes.txt']
 
@@ -277,14 +290,17 @@ def lstm_run(world):
 
 
 def loaded(err):
-    """sample.py's stderr less its 'note: loaded the ... checkpoint' line (it comes before the checks that need the model)."""
+    """sample.py's (or lab/evaluate.py's) stderr less its 'note: loaded the ... checkpoint' line (it comes before
+    the checks that need the model)."""
     return '\n'.join(line for line in err.splitlines() if not line.startswith('note: loaded'))
 
 
-@pytest.mark.parametrize('arg', ['--trace=t.png', '--prefill=jacobi', '--prefill_iters=3', '--prefill_tol=0.1',
-                                 '--attn_window=4', '--jacobi_profile=p.png'])
-def test_sample_lstm_refuses_what_it_cannot_do(lstm_run, tmp_path, arg):
-    code, out, err = in_process('sample.py', [f'--out_dir={lstm_run}', '--init_from=resume', '--start=0 1', arg], tmp_path)
+@pytest.mark.parametrize('script,arg', [('lab/evaluate.py', '--trace=t.png'), ('sample.py', '--prefill=jacobi'),
+                                        ('sample.py', '--prefill_iters=3'), ('sample.py', '--prefill_tol=0.1'),
+                                        ('sample.py', '--attn_window=4'), ('lab/evaluate.py', '--attn_window=4'),
+                                        ('lab/evaluate.py', '--prefill=jacobi'), ('lab/evaluate.py', '--jacobi_profile=p.png')])
+def test_sample_lstm_refuses_what_it_cannot_do(lstm_run, tmp_path, script, arg):
+    code, out, err = in_process(script, [f'--out_dir={lstm_run}', '--init_from=resume', '--start=0 1', arg], tmp_path)
     one_line(code, loaded(err), arg[2:].split('=')[0], 'does not apply to an LSTM')
     assert not out and not os.listdir(tmp_path)
 
@@ -405,10 +421,11 @@ def test_generate_and_decode_step_check_their_inputs():
             gen.decode_step(torch.zeros(4, 1, dtype=torch.long), range(2, 3), state.expand(4, -1), cache)
 
 
-def test_sample_binary_prompt_file_is_one_line(world, tmp_path):
+@pytest.mark.parametrize('script', ['sample.py', 'lab/evaluate.py'])
+def test_sample_binary_prompt_file_is_one_line(world, tmp_path, script):
     (tmp_path / 'p.bin').write_bytes(bytes(range(256)))
-    code, out, err = in_process('sample.py', ['--init_from=scratch', f'--data_root={world}/data', '--dataset=s5_Z2',
-                                              f'--start=FILE:{tmp_path}/p.bin'], tmp_path)
+    code, out, err = in_process(script, ['--init_from=scratch', f'--data_root={world}/data', '--dataset=s5_Z2',
+                                         f'--start=FILE:{tmp_path}/p.bin'], tmp_path)
     one_line(code, err, f'--start=FILE:{tmp_path}/p.bin', 'not UTF-8 text')
     assert not out
 

@@ -76,7 +76,7 @@ def test_profile_cli(tmp_path):
     m = make(vocab_size=2, block_size=8, **STYLES[0]).float()
     save_checkpoint({'model': m.state_dict(), 'model_args': dataclasses.asdict(m.config),
                      'config': {'dataset': 's5_Z2', 'data_root': str(tmp_path)}}, str(tmp_path / 'm.pt'))
-    p = subprocess.run([sys.executable, os.path.join(ROOT, 'sample.py'), f'--init_from={tmp_path}/m.pt',
+    p = subprocess.run([sys.executable, os.path.join(ROOT, 'lab', 'evaluate.py'), f'--init_from={tmp_path}/m.pt',
                         f'--jacobi_profile={tmp_path}/prof.png', '--profile_rows=4'],
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-2000:]

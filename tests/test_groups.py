@@ -100,7 +100,7 @@ def test_hand_checked_words(group, word, want):
     assert labels(group, word) == want
 
 # -----------------------------------------------------------------------------
-# task_labels: the labels of an input recomputed from meta['task'] (what sample.py shows)
+# task_labels: the labels of an input recomputed from meta['task'] (what lab/evaluate.py shows)
 
 def small(tmp_path, task, **kw):
     defaults = {'s5': tasks.S5_DEFAULTS, 's5_retrieval': tasks.RETRIEVAL_DEFAULTS}[task]

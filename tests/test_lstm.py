@@ -1,6 +1,6 @@
 """The LSTM baseline (lstm.py): its size against the GPT's, its generation against its own
-forward (float64), its checkpoints, and train.py (exact resume), the evaluation and sample.py
-with it, end to end through their CLIs."""
+forward (float64), its checkpoints, and train.py (exact resume), the evaluation, lab/evaluate.py
+and sample.py with it, end to end through their CLIs."""
 
 import json
 import os
@@ -118,7 +118,7 @@ def test_train_resume_evaluate_sample(data, tmp_path):
     for split in ('val', 'test_16'):
         key = 'loss' if split == 'val' else 'em'
         assert ev[f'{split}/{key}_approx'] == ev[f'{split}/{key}_exact'] == ev[f'{split}/{key}_zero']
-    p = run('sample.py', f'--out_dir={tmp_path / "straight"}', '--eval_split=test_16', cwd=tmp_path)
+    p = run('lab/evaluate.py', f'--out_dir={tmp_path / "straight"}', '--eval_split=test_16', cwd=tmp_path)
     assert 'model: lstm, 4 layers, d=16' in p.stderr and 'exact match' in p.stdout
     # sampling: a text model, two samples of 12 new characters
     train(data, tmp_path / 'text', '--max_iters=2', '--eval_interval=2', '--block_size=16', dataset='text')

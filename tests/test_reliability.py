@@ -3,8 +3,8 @@ SIGINT/SIGTERM (one process and torchrun), stale temp files and fsync, bad setti
 before any model is built, resume notes, bounded downloads, DDP accumulation/loss/timeout, one
 bool parser.
 
-Runs that need no real process of their own (no signal, no torchrun) run train.py/sample.py in
-this process (in_process): no torch import per run keeps the file fast."""
+Runs that need no real process of their own (no signal, no torchrun) run train.py/sample.py/lab/evaluate.py
+in this process (in_process): no torch import per run keeps the file fast."""
 
 import contextlib
 import io
@@ -48,7 +48,7 @@ def data(tmp_path_factory):
 
 
 def in_process(script, args, cwd, check=False):
-    """Run train.py or sample.py in this process, as `python script args` in cwd would (one
+    """Run train.py, sample.py or lab/evaluate.py in this process, as `python script args` in cwd would (one
     thread, like the subprocess runs with OMP_NUM_THREADS=1) -> (exit code, stdout, stderr).
     Restores the signal handlers train.py installs."""
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -147,11 +147,16 @@ def test_best_kept_apart_from_latest_and_resume_notes(data, good_run, tmp_path):
 
 
 def test_sample_loads_best_or_latest(data, good_run):
+    # the run is task data, which lab/evaluate.py shows label by label (sample.py loads through the same load_model)
     out = good_run[0]
     for which, name in (('latest', 'ckpt.pt'), ('best', 'best.pt')):
+        code, _, err = in_process('lab/evaluate.py', [f'--out_dir={out}', f'--ckpt={which}', '--start=0 1',
+                                                      f'--data_root={data}'], out)
+        assert code == 0, err
+        assert f"loaded the {which} checkpoint {os.path.join(str(out), name)}" in err
         code, _, err = in_process('sample.py', [f'--out_dir={out}', f'--ckpt={which}', '--start=0 1', '--max_new_tokens=2',
                                                 '--num_samples=1', f'--data_root={data}'], out)
-        assert code == 0, err
+        assert code == 2 and 'not sampled' in err, err  # sample.py loads the same file, then refuses task data
         assert f"loaded the {which} checkpoint {os.path.join(str(out), name)}" in err
 
 # -----------------------------------------------------------------------------
@@ -346,7 +351,7 @@ def test_one_bool_parser_for_all_scripts():
         with pytest.raises(SystemExit):
             configurator.configure({'compile': False}, ['compile'], [f'--compile={raw}'])
     # prepare.py and bench.py parse with the same function (no parser of their own)
-    for script in ('prepare.py', 'bench.py', 'train.py', 'sample.py', 'compare.py'):
+    for script in ('prepare.py', 'bench.py', 'train.py', 'sample.py', 'lab/evaluate.py', 'compare.py'):
         src = open(os.path.join(ROOT, script)).read()
         assert 'configure(' in src and not any(w in src for w in ('literal_eval', 'def parse_args', 'def set_key')), script
 

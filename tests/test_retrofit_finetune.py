@@ -3,7 +3,7 @@ LlamaForCausalLM and a character tokenizer (tokenizers WordLevel in a
 PreTrainedTokenizerFast), both written to tmp_path, stand in for SmolLM2; a toy JSONL
 (running sums mod 10, GSM8K-shaped: '... #### 8') stands in for GSM8K.
 
-prepare.py jsonl -> train.py init_from=<folder> (Jacobi) -> sample.py --eval_answers, and:
+prepare.py jsonl -> train.py init_from=<folder> (Jacobi) -> lab/evaluate.py --eval_answers, and:
 the row layout (x, y, rec mask) against an independent tokenization; the gates leave 0 and
 the loss falls; the prompt stays the plain model after fine-tuning; the training mask is
 exactly what generate(prefill='plain') computes; answer accuracy equals row-by-row
@@ -29,8 +29,8 @@ import prepare  # noqa: E402
 from checkpoint import load_checkpoint  # noqa: E402
 from dataset import DataError, load_answers, load_meta, load_rec_mask, load_split
 from sft import extract_answer  # noqa: E402
-import sample  # noqa: E402
-from sample import evaluate_answers  # noqa: E402
+import lab.evaluate  # noqa: E402
+from lab.evaluate import eval_answers  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, 'OMP_NUM_THREADS': '1', 'HF_HUB_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1'}
@@ -230,11 +230,11 @@ def test_training_mask_is_what_generation_computes(setup, trained):
 
 
 def test_answer_eval(setup, trained, monkeypatch):
-    """sample.py --eval_answers prints an accuracy. Its batched greedy decoding equals row-by-row
+    """lab/evaluate.py --eval_answers prints an accuracy. Its batched greedy decoding equals row-by-row
     model.generate (prompt prefilled plainly, cut at eos, read by extract_answer); checked on a
     perturbed model whose outputs vary (the briefly trained one answers '' everywhere)."""
     root, llama, _ = setup
-    p = run('sample.py', f'--out_dir={trained}', '--eval_answers=test', '--max_new_tokens=12', cwd=root)
+    p = run('lab/evaluate.py', f'--out_dir={trained}', '--eval_answers=test', '--max_new_tokens=12', cwd=root)
     assert re.search(r'sums test: 32 prompts, greedy, prefill plain, <= 12 new tokens: answer accuracy [\d.]+ \(\d+/32\)', p.stdout), p.stdout
     torch.manual_seed(0)
     model = load_checkpoint(str(trained / 'ckpt.pt'))[0].double().eval()
@@ -256,8 +256,8 @@ def test_answer_eval(setup, trained, monkeypatch):
     assert len(set(texts.values())) > 10 and len(set(want.values())) > 3 and stopped > 3  # varied; some stop at eos
     # make every other reference the expected prediction: accuracy must be exactly one half
     fake = dict(refs, answer=[want[i] if i % 2 == 0 else 'x' for i in range(len(X))])
-    monkeypatch.setattr(sample, 'load_answers', lambda *a: fake)
-    acc, got_texts, got = evaluate_answers(model, d, meta, 'test', 12, 64, 'cpu', torch.no_grad(), 'plain', tok.decode)
+    monkeypatch.setattr(lab.evaluate, 'load_answers', lambda *a: fake)
+    acc, got_texts, got = eval_answers(model, d, meta, 'test', tok.decode, 12, 64, torch.no_grad(), 'plain')
     assert got_texts == texts and got == want and acc == 0.5
 
 
@@ -296,7 +296,7 @@ def test_missing_tokenizer_folder(setup, tmp_path):
     with pytest.raises(DataError) as e:
         prepare.main(['jsonl', f'--input={root}/sums.jsonl', f'--tokenizer={tmp_path}/nope'])
     assert f'no tokenizer folder at {tmp_path}/nope' in one_line(e)
-    with pytest.raises(DataError) as e:  # sample.py's path, once the folder is gone
+    with pytest.raises(DataError) as e:  # sample.py's and lab/evaluate.py's path, once the folder is gone
         dataset.get_tokenizer(dict(tokenizer='hf', hf_tokenizer=str(tmp_path / 'gone')))
     assert 'no tokenizer folder' in one_line(e)
 

@@ -1,7 +1,8 @@
-"""sample.py: through its CLI on tiny prepared datasets and checkpoints made here
-(no train.py): task data shown label by label (teacher-forced, true labels recomputed),
-sample counts and lengths on a corpus, --start=FILE:, one-line checkpoint and missing-dataset
-errors, eval_split; and the streaming loop gives exactly model.generate's tokens."""
+"""sample.py and lab/evaluate.py: through their CLIs on tiny prepared datasets and checkpoints
+made here (no train.py): task data shown label by label (lab/evaluate.py, teacher-forced, true
+labels recomputed) and refused by sample.py, sample counts and lengths on a corpus,
+--start=FILE:, one-line checkpoint and missing-dataset errors, eval_split; and the streaming
+loop gives exactly model.generate's tokens."""
 
 import contextlib
 import dataclasses
@@ -21,10 +22,12 @@ import tasks
 import prepare
 from checkpoint import save_checkpoint
 from model import GPT, GPTConfig
-from sample import evaluate, encode_prompt, read_prompt
+from lab.evaluate import eval_split
+from sample import encode_prompt, read_prompt
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE = os.path.join(REPO, 'sample.py')
+EVALUATE = os.path.join(REPO, 'lab', 'evaluate.py')
 SEP = '---------------'
 
 
@@ -48,19 +51,20 @@ def setup(tmp_path_factory):
     return root, data
 
 
-def run(*args, cwd=None):
-    return subprocess.run([sys.executable, SAMPLE, *args], capture_output=True, text=True, cwd=cwd or REPO, timeout=120)
+def run(*args, cwd=None, script=SAMPLE):
+    return subprocess.run([sys.executable, script, *args], capture_output=True, text=True, cwd=cwd or REPO, timeout=120)
 
 
-def run_here(*args):
-    """sample.py's __main__ in this process (no new interpreter, so a few tenths of a second)
-    -> (exit code, stdout, stderr); a SystemExit('error: ...') prints as the interpreter would."""
+def run_here(*args, script=SAMPLE):
+    """sample.py's (or lab/evaluate.py's) __main__ in this process (no new interpreter, so a few
+    tenths of a second) -> (exit code, stdout, stderr); a SystemExit('error: ...') prints as the
+    interpreter would."""
     argv, out, err, code = sys.argv, io.StringIO(), io.StringIO(), 0
     try:
-        sys.argv = ['sample.py', *args]
+        sys.argv = [script, *args]
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
-                runpy.run_path(SAMPLE, run_name='__main__')
+                runpy.run_path(script, run_name='__main__')
             except SystemExit as e:
                 code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
                 if isinstance(e.code, str):
@@ -95,21 +99,26 @@ def samples(stdout):
 
 def test_task_data_is_shown_not_sampled(setup):
     root, data = setup
+    # sample.py refuses it in one line that names the script that shows it
+    code, out, err = run_here(f'--out_dir={root}', '--start=0 1 1 0 1', '--num_samples=3', '--max_new_tokens=7')
+    assert code == 2 and not out and 'is labelled task data, not sampled' in error_line(err), err
+    assert 'python lab/evaluate.py --start=' in error_line(err)
     # the dataset comes from the checkpoint's config (data_root + dataset); the CLI once, for real
-    r = run(f'--out_dir={root}', '--start=0 1 1 0 1', '--num_samples=3', '--max_new_tokens=7')
+    r = run(f'--out_dir={root}', '--start=0 1 1 0 1', script=EVALUATE)
     assert r.returncode == 0, r.stderr
     assert SEP not in r.stdout and 'exact recurrence' in r.stdout.splitlines()[0]
     rows = table(r.stdout)
     assert [(p, i, t) for p, i, _, t, _ in rows] == list(zip(range(5), '0 1 1 0 1'.split(), '0 1 0 0 1'.split()))  # parity
     # the prompt from a file; --dataset given explicitly
     (root / 'prompt.txt').write_text('1 0\n')
-    code, out, err = run_here(f'--init_from={root}/ckpt.pt', f'--dataset={data}', f'--start=FILE:{root}/prompt.txt')
+    code, out, err = run_here(f'--init_from={root}/ckpt.pt', f'--dataset={data}', f'--start=FILE:{root}/prompt.txt',
+                              script=EVALUATE)
     assert code == 0, err
     assert [(i, t) for _, i, _, t, _ in table(out)] == [('1', '1'), ('0', '1')]
     with pytest.raises(SystemExit):
         read_prompt(f'FILE:{root}/nope.txt')
     # no input: one line that names both ways to give one
-    code, _, err = run_here(f'--out_dir={root}')
+    code, _, err = run_here(f'--out_dir={root}', script=EVALUATE)
     assert code == 2 and error_line(err).startswith('error: the prompt is empty'), err
     assert '--start=' in error_line(err) and '--show_split=' in error_line(err)
 
@@ -143,7 +152,7 @@ def test_show_labels_s3(s3, rec):
     meta = dataset.load_meta(data)
     names, mul = tasks.make_group('S3')
     word = np.random.default_rng(5).integers(0, 6, size=10)
-    code, out, err = run_here(f'--init_from={ckpts[rec]}', '--start=' + ' '.join(names[i] for i in word))
+    code, out, err = run_here(f'--init_from={ckpts[rec]}', '--start=' + ' '.join(names[i] for i in word), script=EVALUATE)
     assert code == 0, err
     # the true column is the running product of the input; the prediction is the exact forward's argmax
     model, _ = load_checkpoint(ckpts[rec])
@@ -160,7 +169,7 @@ def test_show_labels_s3(s3, rec):
     # only a recurrent model says exact recurrence
     assert ('exact recurrence' in out) == (rec == 't2mlr') and ('plain forward' in out) == (rec == 'none')
     # a stored row: its stored labels
-    code, out, err = run_here(f'--init_from={ckpts[rec]}', '--show_split=test_12', '--show_row=3')
+    code, out, err = run_here(f'--init_from={ckpts[rec]}', '--show_split=test_12', '--show_row=3', script=EVALUATE)
     assert code == 0, err
     x, y = dataset.load_split(data, 'test_12', meta)
     rows = table(out)
@@ -173,7 +182,7 @@ def test_show_labels_s3(s3, rec):
                                       (['--show_split=test', '--eval_split=test'], 'not both'),
                                       (['--start=012 999'], "'999' is not in the vocabulary")])
 def test_show_labels_errors_are_one_line(s3, args, msg):
-    code, _, err = run_here(f'--init_from={s3[1]["t2mlr"]}', *args)
+    code, _, err = run_here(f'--init_from={s3[1]["t2mlr"]}', *args, script=EVALUATE)
     assert code in (1, 2) and msg in error_line(err), err
 
 
@@ -208,7 +217,7 @@ def test_bad_checkpoint_is_one_line(setup, tmp_path):
 
 def test_eval_split(setup):
     root, data = setup
-    r = run(f'--out_dir={root}', '--eval_split=test_24', '--eval_batch_size=5')
+    r = run(f'--out_dir={root}', '--eval_split=test_24', '--eval_batch_size=5', script=EVALUATE)
     assert r.returncode == 0, r.stderr
     m = re.search(r'token accuracy ([\d.]+) \((\d+)/(\d+)\), exact match ([\d.]+) \((\d+)/(\d+)\)', r.stdout)
     assert m, r.stdout
@@ -222,7 +231,7 @@ def test_eval_split(setup):
     logits, _ = model(torch.from_numpy(x.astype('int64')), mode='exact')
     right = (logits.argmax(-1).numpy() == y)
     assert int(m.group(2)) == right.sum() and int(m.group(5)) == right.all(1).sum()
-    assert evaluate(model, data, dataset.load_meta(data), 'test_24', 7, nullcontext())[0] == pytest.approx(right.mean())
+    assert eval_split(model, data, dataset.load_meta(data), 'test_24', 7, nullcontext())[0] == pytest.approx(right.mean())
 
 
 @pytest.mark.parametrize('recurrence', ['t2mlr', 'lrt', 'none'])
@@ -266,6 +275,11 @@ def test_corpus_is_still_sampled(tmp_path):
     assert code == 0, err
     out = samples(out)
     assert len(out) == 3 and all(s.startswith('hello') and len(s) <= len('hello') + 7 for s in out)
+    # lab/evaluate.py has no labels to show on it, nor answers to score: one line, before any model is built
+    for job in ([], ['--show_split=val'], ['--eval_answers=val']):
+        code, out, err = run_here('--init_from=scratch', f'--dataset={data}', '--start=hello', *job, script=EVALUATE)
+        assert code == 2 and not out and err.count('\n') == 1, err
+        assert ('needs prompt/response data' if job == ['--eval_answers=val'] else 'not labelled task data') in err
 
 
 def test_prompt_gets_the_reset_token():
@@ -287,9 +301,13 @@ def test_another_vocabulary_is_one_line(tmp_path):
     save_checkpoint({'model': m.state_dict(), 'model_args': dataclasses.asdict(m.config),
                      'config': {'dataset': 'a', 'data_root': str(tmp_path)},
                      'data': dataset.data_fingerprint(dataset.load_meta(str(tmp_path / 'a')))}, str(tmp_path / 'm.pt'))
-    code, _, err = run_here(f'--init_from={tmp_path}/m.pt', f'--data_root={tmp_path}', '--dataset=b', '--eval_split=test')
+    code, _, err = run_here(f'--init_from={tmp_path}/m.pt', f'--data_root={tmp_path}', '--dataset=b', '--eval_split=test',
+                            script=EVALUATE)
     assert code != 0 and 'has another vocabulary than s5_Z2' in error_line(err)
-    code, out, err = run_here(f'--init_from={tmp_path}/m.pt', f'--data_root={tmp_path}', '--dataset=c', '--eval_split=test')
+    code, _, err = run_here(f'--init_from={tmp_path}/m.pt', f'--data_root={tmp_path}', '--dataset=b', '--start=0 1')
+    assert code != 0 and 'has another vocabulary than s5_Z2' in error_line(err)  # sample.py reads the same check
+    code, out, err = run_here(f'--init_from={tmp_path}/m.pt', f'--data_root={tmp_path}', '--dataset=c', '--eval_split=test',
+                              script=EVALUATE)
     assert code == 0 and 'exact match' in out, err  # the same vocabulary, other rows: fine
 
 
@@ -301,7 +319,8 @@ def test_data_root_flag_wins_over_the_checkpoints(tmp_path):
     m = tiny_gpt(5)
     save_checkpoint({'model': m.state_dict(), 'model_args': dataclasses.asdict(m.config),
                      'config': {'dataset': 'a', 'data_root': str(tmp_path / 'elsewhere')}}, str(tmp_path / 'm.pt'))
-    code, out, err = run_here(f'--init_from={tmp_path}/m.pt', f'--data_root={tmp_path}', '--eval_split=test')
+    code, out, err = run_here(f'--init_from={tmp_path}/m.pt', f'--data_root={tmp_path}', '--eval_split=test',
+                              script=EVALUATE)
     assert code == 0 and 'exact match' in out, err
-    code, _, err = run_here(f'--init_from={tmp_path}/m.pt', '--eval_split=test')
+    code, _, err = run_here(f'--init_from={tmp_path}/m.pt', '--eval_split=test', script=EVALUATE)
     assert code != 0 and f"no dataset at {tmp_path / 'elsewhere' / 'a'}" in error_line(err), err

@@ -1,6 +1,6 @@
 """Trust (issue 41): a checkpoint cannot run code, one writer per folder, an overwrite or a
 re-prepare loses nothing until the new one exists, disk and permission faults are one line, and
-a resume says what it does. train.py and sample.py run in this process (test_reliability.in_process),
+a resume says what it does. train.py, sample.py and lab/evaluate.py run in this process (test_reliability.in_process),
 the tools and the lock holders as processes."""
 
 import os
@@ -40,6 +40,7 @@ def test_malicious_checkpoint_is_refused_unrun_by_every_reader(world, tmp_path):
     data = [f'--data_root={world}/data', '--dataset=s5_Z2']
     results = {
         'sample.py': in_process('sample.py', ['--init_from=' + str(evil), *data, '--start=0 1'], tmp_path),
+        'lab/evaluate.py': in_process('lab/evaluate.py', ['--init_from=' + str(evil), *data, '--start=0 1'], tmp_path),
         'train.py': in_process('train.py', train_args(world, evil.parent, '--init_from=resume'), tmp_path),
     }
     for name, argv in [('replay.py', [os.path.join(ROOT, 'tools', 'replay.py'), evil, tmp_path / 'replay']),

@@ -1,5 +1,5 @@
 """Watching the recurrence: the zero-state forward (mode='zero'), the reliance numbers and gate
-statistics of train.py's evaluation, and sample.py --trace, checked against tests/reference.py."""
+statistics of train.py's evaluation, and lab/evaluate.py --trace, checked against tests/reference.py."""
 
 import dataclasses
 import json
@@ -169,7 +169,7 @@ def test_train_reports_reliance_and_gates(parity, tmp_path, recurrence):
 
 
 # -----------------------------------------------------------------------------
-# sample.py --trace
+# lab/evaluate.py --trace
 
 def naive_trace_position(model, ids, t):
     """The trace values at position t, from the weights with explicit matmuls (float64)."""
@@ -232,18 +232,18 @@ def ckpts(parity, tmp_path_factory):
     return root
 
 
-def sample(*args, block_matplotlib=False):
+def evaluate(*args, block_matplotlib=False):
     if block_matplotlib:  # as if matplotlib were not installed
-        code = ("import runpy, sys; sys.modules['matplotlib'] = None; sys.argv = ['sample.py'] + sys.argv[1:]; "
-                "runpy.run_path('sample.py', run_name='__main__')")
+        code = ("import runpy, sys; sys.modules['matplotlib'] = None; sys.argv = ['lab/evaluate.py'] + sys.argv[1:]; "
+                "runpy.run_path('lab/evaluate.py', run_name='__main__')")
         cmd = [sys.executable, '-c', code, *args]
     else:
-        cmd = [sys.executable, os.path.join(ROOT, 'sample.py'), *args]
+        cmd = [sys.executable, os.path.join(ROOT, 'lab', 'evaluate.py'), *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT, env=ENV)
 
 
 def test_trace_cli_json(parity, ckpts, tmp_path):
-    r = sample(f'--init_from={ckpts}/t2mlr.pt', f'--trace={tmp_path}/tr.png', '--trace_split=test', '--trace_row=1')
+    r = evaluate(f'--init_from={ckpts}/t2mlr.pt', f'--trace={tmp_path}/tr.png', '--trace_split=test', '--trace_row=1')
     assert r.returncode == 0, r.stderr
     got = json.load(open(tmp_path / 'tr.json'))
     cols = got['columns']
@@ -263,7 +263,7 @@ def test_trace_cli_json(parity, ckpts, tmp_path):
 
 
 def test_trace_without_matplotlib(ckpts, tmp_path):
-    r = sample(f'--init_from={ckpts}/t2mlr.pt', f'--trace={tmp_path}/tr.png', '--trace_split=test', block_matplotlib=True)
+    r = evaluate(f'--init_from={ckpts}/t2mlr.pt', f'--trace={tmp_path}/tr.png', '--trace_split=test', block_matplotlib=True)
     assert r.returncode == 0 and 'Traceback' not in r.stderr, r.stderr
     notes = [l for l in r.stderr.splitlines() if 'not installed' in l]
     assert len(notes) == 1 and 'pip install matplotlib' in notes[0], r.stderr
@@ -272,11 +272,11 @@ def test_trace_without_matplotlib(ckpts, tmp_path):
 
 
 def test_trace_bad_input_is_one_line(tmp_path, capsys):
-    from sample import run_trace
+    from lab.evaluate import trace
     for model, n, msg in ((tiny('none'), 5, 'error: nothing to trace'),
                           (tiny('t2mlr'), 25, "error: the trace input has 25 tokens, more than the model's block_size 24")):
         with pytest.raises(SystemExit) as e:
-            run_trace(model, [1] * n, None, str(tmp_path / 'tr.png'), 'title')
+            trace(model, [1] * n, None, str(tmp_path / 'tr.png'), 'title')
         err = capsys.readouterr().err
         assert e.value.code == 2 and err.startswith(msg) and len(err.strip().splitlines()) == 1, err
     assert not os.listdir(tmp_path)
