@@ -81,7 +81,7 @@ T2_JACOBI = ['config/t2mlr_small.py', '--train_mode=jacobi', '--jacobi_init=plai
 # gradient through the whole chain, the init pass in the loss), which the arms below built on
 T2_EXACT = ['config/t2mlr_small.py', '--train_mode=interleaved', '--n_subsets=32']
 MODELS = {
-    'plain': ['config/plain_small.py'],
+    'plain': ['config/plain_small.py', '--attn_window=0'],  # no window
     # the recipe (docs/recipe.md): all 4 layers on exact states (computed token by token without
     # gradient) with a one-step gradient (one Jacobi iteration and the final pass: Jacobi D = 32 = T, B = 1's
     # states and gradient, t2mlr_j32b1), a 32-token window, the scalar gates at a tenth of the learning rate. For S3, the recurrent gate open at init and trained exactly (interleaved S = 32):
@@ -122,19 +122,19 @@ MODELS = {
     't2mlr_full': [*T2_JACOBI],                                  # layers 0..3, Jacobi D=8 B=4
     't2mlr_mid': [*T2_JACOBI, '--rec_start=1', '--rec_end=2'],   # middle block 1..2
     't2mlr_full_D32': [*T2_JACOBI, '--n_iter=32', '--n_grad=4'],  # D >= T: exact training
-    'lrt': ['config/lrt_small.py'],                                           # memory from layer 2, S=2
-    'lrt_jacobi': ['config/lrt_small.py', '--train_mode=jacobi', '--n_iter=8', '--n_grad=4'],  # cross pairing
+    'lrt': ['config/lrt_small.py', '--n_subsets=2', '--attn_window=0'],      # the paper's S=2, no window
+    'lrt_jacobi': ['config/lrt_small.py', '--train_mode=jacobi', '--n_iter=8', '--n_grad=4', '--attn_window=0'],  # cross pairing
     # the same with a 32-token attention window in training and test, so that no
     # attention distance at test time is longer than any seen in training
-    'plain_w32': ['config/plain_small.py', '--attn_window=32'],
+    'plain_w32': ['config/plain_small.py'],
     't2mlr_full_w32': [*T2_JACOBI, '--attn_window=32'],
     'lrt_jacobi_w32': ['config/lrt_small.py', '--train_mode=jacobi', '--n_iter=8', '--n_grad=4', '--attn_window=32'],
     # LRT's own scheme with deeper chains: R rounds of the S=2 subsets train through the
     # first R*S positions exactly; S = T refines every position once, in order: exact
     # training with the gradient through the whole chain (model.py forward_interleaved)
-    'lrt_w32': ['config/lrt_small.py', '--attn_window=32'],
-    'lrt_r4_w32': ['config/lrt_small.py', '--n_rounds=4', '--attn_window=32'],
-    'lrt_S32_w32': ['config/lrt_small.py', '--n_subsets=32', '--attn_window=32'],
+    'lrt_w32': ['config/lrt_small.py', '--n_subsets=2'],
+    'lrt_r4_w32': ['config/lrt_small.py', '--n_subsets=2', '--n_rounds=4'],
+    'lrt_S32_w32': ['config/lrt_small.py'],  # the config: S = T = 32, the window
     # how much Jacobi depth a task needs: D in {4, 8, 16, 32 = T} with gradient through the
     # last iteration only (B=1); t2mlr_full_w32 is D=8 at B=4
     't2mlr_w32_D4': [*T2_JACOBI, '--n_iter=4', '--n_grad=1', '--attn_window=32'],
@@ -188,7 +188,7 @@ MODELS = {
     'assoc_plain_lr2e3': ['config/assoc_plain.py', '--learning_rate=2e-3', '--min_lr=2e-4'],
     'assoc_plain_lr5e4': ['config/assoc_plain.py', '--learning_rate=5e-4', '--min_lr=5e-5'],
     'assoc_plain_nope': ['config/assoc_plain.py', '--rope=False'],
-    'lrt_S32': ['config/lrt_small.py', '--n_subsets=32'],
+    'lrt_S32': ['config/lrt_small.py', '--attn_window=0'],
     # language modelling on prepare.py stdlib_char: the same backbone, three models (docs/text.md)
     'stdlib_plain': ['config/stdlib_plain.py'],
     'stdlib_t2mlr': ['config/stdlib_t2mlr.py'],

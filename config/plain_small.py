@@ -1,11 +1,12 @@
-# The plain GPT baseline on the built-in parity task (state tracking over Z_2),
-# on a CPU. Data: python prepare.py s5 --group=Z2
+# The plain GPT baseline on the built-in parity task (state tracking over Z_2), on a CPU.
+# Data: python prepare.py s5 --group=Z2
 out_dir = 'out/plain_small'
 dataset = 's5_Z2'
 n_layer = 4
 n_head = 4
 n_kv_head = 4
 n_embd = 64
+attn_window = 32         # each token sees the last 32, as the recurrent configs
 recurrence = 'none'
 train_mode = 'plain'
 batch_size = 32
@@ -14,5 +15,6 @@ learning_rate = 2e-3
 min_lr = 2e-4
 warmup_iters = 50
 eval_interval = 500
-eval_examples = 1000     # rows per test split for accuracy and exact match
+eval_examples = 1000     # rows per test split for accuracy and exact match at the end ...
+eval_examples_mid = 200  # ... and at the evaluations before it
 log_interval = 50
