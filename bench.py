@@ -41,9 +41,9 @@ t2mlr_start = -1        # -1: as T2MLR's best 135M setting, layers 13-18 of 30 (
 t2mlr_end = -1          #   s = floor(12 L / 30), e = ceil(18 L / 30) - 1  (L=8: blocks 3..4)
 lrt_start = 0           # LRT: every block reads the memory
 lrt_end = -1            # -1: LRT's source layer sits at ~0.6 L (12 of 20): e = ceil(0.6 L) - 1
-D = 8                   # 1. training: Jacobi iterations (d_forward)
-B = 4                   # Jacobi iterations that carry gradient (d_backward)
-S = 2                   # interleaved subsets
+n_iter = 8              # 1. training: Jacobi iterations (the papers' D)
+n_grad = 4              # Jacobi iterations that carry gradient (B)
+n_subsets = 2           # interleaved subsets (S)
 batch_size = 4          # sequences a step
 seq_len = 128           # tokens a sequence
 train_warmup = 2        # untimed steps per variant (allocator, caches, compile)
@@ -54,7 +54,7 @@ prompt_len = 16         # the prompt, prefilled untimed
 decode_reps = 3         # timed runs per (batch, length); the median is reported
 out = ''                # also write the JSON object to this file
 
-QUICK = dict(n_layer=4, n_head=2, n_kv_head=2, n_embd=64, vocab_size=256, D=4, B=2, S=2, batch_size=2, seq_len=32,
+QUICK = dict(n_layer=4, n_head=2, n_kv_head=2, n_embd=64, vocab_size=256, n_iter=4, n_grad=2, n_subsets=2, batch_size=2, seq_len=32,
              train_warmup=1, train_reps=2, decode_batches=(1, 2), gen_lens=(4, 8), prompt_len=8, decode_reps=2)
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (bool, int, float, str, tuple))]
 
@@ -77,8 +77,9 @@ def setup(lab=None, lab_keys=(), lab_quick=None, doc=__doc__, check=lambda: None
         if g[k] not in ok:
             fail(f"{k}={g[k]!r}: expected {', '.join(map(repr, ok[:-1]))} or {ok[-1]!r}")
     dtype = {'auto': 'bfloat16' if device.startswith('cuda') else 'float32'}.get(dtype, dtype)
-    if D < 1 or not 0 <= B <= D or not 1 <= S <= seq_len:
-        fail(f"need D >= 1, 0 <= B <= D, 1 <= S <= seq_len; got D={D}, B={B}, S={S}, seq_len={seq_len}")
+    if n_iter < 1 or not 0 <= n_grad <= n_iter or not 1 <= n_subsets <= seq_len:
+        fail(f"need n_iter >= 1, 0 <= n_grad <= n_iter, 1 <= n_subsets <= seq_len; got n_iter={n_iter}, "
+             f"n_grad={n_grad}, n_subsets={n_subsets}, seq_len={seq_len}")
     at_least(g, batch_size=1, seq_len=1, train_warmup=0, train_reps=1, decode_reps=1, prompt_len=1, vocab_size=1,
              n_layer=1, n_head=1, n_kv_head=1, n_embd=1)
     if not decode_batches or not gen_lens or min(decode_batches + gen_lens) < 1:
@@ -191,12 +192,12 @@ TRAIN = [  # (name, recurrence, mode, activation checkpointing[, Jacobi's first 
 def train_inputs():
     """The batch every variant trains on, and the scheme's iteration counts."""
     data = torch.randint(0, vocab_size, (batch_size, seq_len + 1), generator=torch.Generator().manual_seed(seed)).to(device)
-    return data[:, :-1].contiguous(), data[:, 1:].contiguous(), dict(n_iter=D, n_grad=B, n_subsets=S)
+    return data[:, :-1].contiguous(), data[:, 1:].contiguous(), dict(n_iter=n_iter, n_grad=n_grad, n_subsets=n_subsets)
 
 def train_section():
     from flops import flops_per_token
     X, Y, kw = train_inputs()
-    print(f"\n1. training step: batch {batch_size} x {seq_len}, D={D} B={B} S={S}, {train_warmup} warm-up + {train_reps} timed steps")
+    print(f"\n1. training step: batch {batch_size} x {seq_len}, n_iter={n_iter} n_grad={n_grad} n_subsets={n_subsets}, {train_warmup} warm-up + {train_reps} timed steps")
     variants = []
     for name, rec, mode, rc, *init in TRAIN:
         m = make_model(rec, *init).train()

@@ -7,7 +7,7 @@ Memory, beside bench.py's times:
      saved for backward per sequence, measured on this device at batch 1 and 2 under bf16 autocast,
      and the peak predicted at its micro-batch, held against a GPU's memory
 
-bench.py's settings apply (the shape, the placement, D, B, S, --device, --out, ...), plus those below.
+bench.py's settings apply (the shape, the placement, n_iter, n_grad, n_subsets, --device, --out, ...), plus those below.
 
     python lab/memory.py --threads=1
     python lab/memory.py --threads=1 --mem_len=256 \\
@@ -75,7 +75,7 @@ def step_peak(m, x, y, **scheme):
 
 X, Y, kw = bench.train_inputs()
 print(f"\n1. memory of bench.py's training variants: batch {bench.batch_size} x {bench.seq_len} tokens, "
-      f"D={bench.D} B={bench.B} S={bench.S}")
+      f"n_iter={bench.n_iter} n_grad={bench.n_grad} n_subsets={bench.n_subsets}")
 rows = []
 for name, rec, mode, rc, *init in bench.TRAIN:
     m = bench.make_model(rec, *init).train()

@@ -3,7 +3,7 @@ The prefill of a prompt against the plain model's, beside the FLOP model: prefil
 empty cache through the plain, the exact and the k-iteration Jacobi prefill, and the Jacobi prefill
 to tolerance (exact to prefill_tol); with --compile=True also the exact prefill with compiled span
 steps, against the compiled plain prefill; with --prefill_ckpt a trained model too. The models and
-the settings are bench.py's (the shape, the placement, D, --compile, --out, ...), plus those below.
+the settings are bench.py's (the shape, the placement, n_iter, --compile, --out, ...), plus those below.
 
     python lab/prefill.py --compile=True --threads=1 --prefill_ckpt=out/compare_Z2/t2mlr_full_w32_s1/ckpt.pt
     python lab/prefill.py --quick=True
@@ -22,7 +22,7 @@ from configurator import fail
 # settings of this script (bench.py's apply too)
 prefill_len = 128       # the prompt's tokens
 prefill_batch = 1       # prompts at once
-prefill_iters = -1      # k of the Jacobi prefill; -1 = D
+prefill_iters = -1      # k of the Jacobi prefill; -1 = n_iter
 prefill_tol = 1e-4      # the Jacobi prefill to tolerance: iterate until no state moves by more than this
 prefill_ckpt = ''       # also time the prefills on this trained checkpoint (prompts: random ids of its vocabulary)
 prefill_reps = 5        # timed rounds; the median is reported
@@ -36,7 +36,7 @@ def check():
     global prefill_iters, ckpt_model
     bench.at_least(globals(), prefill_len=1, prefill_batch=1, prefill_reps=1, prefill_tol=0)
     if prefill_iters == -1:
-        prefill_iters = bench.D
+        prefill_iters = bench.n_iter
     bench.at_least(globals(), prefill_iters=1)
     if prefill_ckpt:
         from checkpoint import CheckpointError, load_checkpoint
@@ -95,7 +95,7 @@ times = round_robin({c: (lambda c=c: prefill_run(*c)) for c in CASES}, 1, prefil
 rows = []
 for r, mode in CASES:
     m, t, T = models[r], med(times[(r, mode)]), prompts[r].size(1)
-    n = passes.get((r, mode), 0) - 1 if mode == 'jacobi-tol' else prefill_iters  # its D
+    n = passes.get((r, mode), 0) - 1 if mode == 'jacobi-tol' else prefill_iters  # its n_iter
     fl = flops_per_token(m.config, T, mode.removesuffix('-compiled').removesuffix('-tol'), n_iter=max(n, 1),
                          n_grad=0, train=False)
     rows.append(dict(model=names[r], mode=mode, n_iter=n if mode.startswith('jacobi') else None,

@@ -1,7 +1,7 @@
 """
 Where the time goes: the top ops (torch.profiler) of one training forward + backward of each of
 bench.py's variants, and of one decode_step (batch 1) of the plain, T2MLR and LRT models, at
-bench.py's settings (the shape, the placement, D, B, S, --device, ...).
+bench.py's settings (the shape, the placement, n_iter, n_grad, n_subsets, --device, ...).
 
     python lab/profile_ops.py --threads=1
     python lab/profile_ops.py --quick=True

@@ -109,13 +109,13 @@ def test_decode_compiled(quick):
 
 @pytest.mark.parametrize('args, msg', [
     (['--no_such_key=1'], 'unknown config key'),
-    (['--D=eight'], 'D must be int'),
+    (['--n_iter=eight'], 'n_iter must be int'),
     (['--quick=maybe'], 'quick must be True or False'),  # 1/0 are bools (parse_bool)
     (['--gen_lens=(1, 2.5)'], 'must be a tuple of int'),
-    (['D=8'], 'no config file'),
+    (['n_iter=8'], 'no config file'),
     (['--D'], 'must look like --key=value'),
     (['--dtype=float16'], "expected 'auto', 'float32' or 'bfloat16'"),
-    (['--D=2', '--B=3'], 'need D >= 1, 0 <= B <= D'),
+    (['--n_iter=2', '--n_grad=3'], 'need n_iter >= 1, 0 <= n_grad <= n_iter'),
     (['--compile_mode=fast'], "compile_mode='fast'"),
     (['--compile_backend=tvm'], "compile_backend='tvm'"),
 ])
@@ -134,7 +134,7 @@ def test_cuda_without_cuda_is_one_line_exit_2():
 
 def test_config_file(tmp_path):
     cfg = tmp_path / 'c.py'
-    cfg.write_text("D = 'x'\n")
+    cfg.write_text("n_iter = 'x'\n")
     p = bench(str(cfg))
     assert p.returncode == 2 and 'must be int' in p.stderr
 

@@ -45,7 +45,7 @@ def test_prefill_figures(tmp_path):
         for k in ('ms', 'tokens_per_s', 'ratio', 'flop_ratio', 'ratio_over_flops'):
             assert finite_pos(r[k]), (r, k)
         if r['mode'] == 'jacobi':
-            assert r['n_iter'] == res['config']['D'] and r['flop_ratio'] > 1 and r['span_passes'] == r['n_iter'] + 1
+            assert r['n_iter'] == res['config']['n_iter'] and r['flop_ratio'] > 1 and r['span_passes'] == r['n_iter'] + 1
         if r['mode'].endswith('-compiled'):
             assert finite_pos(r['ratio_to_plain_compiled'])
 
@@ -105,7 +105,7 @@ def test_profile_ops():
     ('prefill.py', ['--no_such_key=1'], 'unknown config key'),
     ('memory.py', ['--mem_gpu_gib=0'], 'mem_gpu_gib=0.0 must be > 0'),
     ('memory.py', ['--mem_configs=nope.py'], 'mem_configs: no config file nope.py'),
-    ('memory.py', ['--D=2', '--B=3'], 'need D >= 1, 0 <= B <= D'),  # bench.py's checks apply
+    ('memory.py', ['--n_iter=2', '--n_grad=3'], 'need n_iter >= 1, 0 <= n_grad <= n_iter'),  # bench.py's checks apply
     ('plot.py', [], 'results: give the JSON files'),
     ('plot.py', ['--results=nope.json'], 'results: nope.json'),
 ])

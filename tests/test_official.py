@@ -33,7 +33,7 @@ TOOL = os.path.join(ROOT, 'tools', 'official.py')
 REPOS = [os.environ.get('T2MLR_REPO', ''), os.environ.get('LRT_REPO', '')]
 needs_repos = pytest.mark.skipif(not all(REPOS), reason="T2MLR_REPO and LRT_REPO are not set (local checkouts "
                                  "of princeton-pli/T2MLR and OoDBag/Latent_recurrent_transformer)")
-SMALL = ['--n_layer=4', '--n_embd=64', '--n_head=4', '--t2mlr_start=1', '--t2mlr_end=2', '--D=4', '--B=2',
+SMALL = ['--n_layer=4', '--n_embd=64', '--n_head=4', '--t2mlr_start=1', '--t2mlr_end=2', '--n_iter=4', '--n_grad=2',
          '--batch_size=2', '--seq_len=32', '--prompt_len=8', '--gen_len=16', '--reps=1']
 GEN = 16
 
@@ -218,7 +218,7 @@ def test_ours_decode_loops_and_report(capsys):
                  default_cache_loss_diff=0.0, default_cache_max_rel_grad_diff=0.0, exact_loss_ours=1.0,
                  exact_loss_theirs=1.0, exact_loss_diff=0.0, recurrence_effect=1e-2,
                  decode_logits_diff=(lo - lt).abs().max().item(), generate_mixer_calls=7, tokens_equal=True)
-    config = dict(D=4, B=2, batch_size=2, seq_len=16, gen_len=8, S=2, reps=1)
+    config = dict(n_iter=4, n_grad=2, batch_size=2, seq_len=16, gen_len=8, n_subsets=2, reps=1)
     env = dict(transformers='5.24.0', generate_cache_renamed=True)
     results = dict(config=config, env=env, t2mlr=dict(agreement=agree, timing=timing),
                    lrt=dict(n_params_ours=10, n_params_theirs=12, timing=timing))

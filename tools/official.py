@@ -51,9 +51,9 @@ n_embd = 256
 vocab_size = 512
 t2mlr_start = 2         # T2MLR's span (l_start, l_end); LRT reads at every layer from the last
 t2mlr_end = 3
-D = 8                   # Jacobi iterations (batch_forward_approximate_depth)
-B = 4                   # ... with gradient (batch_backward_approximate_depth)
-S = 2                   # LRT's interleaved passes
+n_iter = 8              # Jacobi iterations, the papers' D (batch_forward_approximate_depth)
+n_grad = 4              # ... with gradient, B (batch_backward_approximate_depth)
+n_subsets = 2           # LRT's interleaved passes, the papers' S
 lrt_gate_channels = 32  # LRT's ve_gate_channels at e0d0f6e
 batch_size = 4
 seq_len = 128
@@ -75,8 +75,8 @@ def check_config():
             fail(f"{key} is not set: --{key}=PATH or {key.upper()}=PATH, a local checkout of {repo}")
         if not os.path.exists(os.path.join(path, mark)):
             fail(f"{key}={path}: no {mark} there (not a checkout of {repo})")
-    if gen_len < 2 or min(seq_len, prompt_len, batch_size, reps) < 1 or not 0 <= B <= D:
-        fail("need gen_len >= 2, seq_len, prompt_len, batch_size, reps >= 1 and 0 <= B <= D")
+    if gen_len < 2 or min(seq_len, prompt_len, batch_size, reps) < 1 or not 0 <= n_grad <= n_iter:
+        fail("need gen_len >= 2, seq_len, prompt_len, batch_size, reps >= 1 and 0 <= n_grad <= n_iter")
     try:  # the shape both models are built at (--n_head=3 was a ValueError traceback from GPTConfig)
         GPTConfig(block_size=max(seq_len, prompt_len + gen_len), vocab_size=vocab_size, n_layer=n_layer,
                   n_head=n_head, n_kv_head=n_head, n_embd=n_embd, recurrence='t2mlr', rec_start=t2mlr_start,
@@ -269,7 +269,7 @@ def greedy_tokens(theirs, mixer, prompt, n, renamed):
 def report(results):
     """The table of results (the JSON object main() prints last) on stdout."""
     c, env, a = results['config'], results['env'], results['t2mlr']['agreement']
-    print(f"\nT2MLR, {a['n_params']:,} parameters each; Jacobi D={c['D']} B={c['B']}, batch {c['batch_size']} x {c['seq_len']}")
+    print(f"\nT2MLR, {a['n_params']:,} parameters each; Jacobi n_iter={c['n_iter']} n_grad={c['n_grad']}, batch {c['batch_size']} x {c['seq_len']}")
     print(f"  Jacobi loss      ours {a['jacobi_loss_ours']:.7f}  theirs {a['jacobi_loss_theirs']:.7f}  diff {a['jacobi_loss_diff']:.1e}")
     print(f"  gradients        max relative difference {a['max_rel_grad_diff']:.1e} over {a['n_grads']} parameters "
           f"(worst: {a['worst_param']})")
@@ -290,7 +290,7 @@ def report(results):
               + (", the cache handed on as past_key_values: workaround 5" if env['generate_cache_renamed'] else "") + ")")
     if 'lrt' in results:
         print(f"  LRT: {results['lrt']['n_params_ours']:,} parameters ours, {results['lrt']['n_params_theirs']:,} theirs "
-              f"(another backbone: time only); interleaved S={c['S']}")
+              f"(another backbone: time only); interleaved n_subsets={c['n_subsets']}")
     models = [m for m in ('t2mlr', 'lrt') if m in results]
     print(f"\n{'ours / theirs':<18}" + "".join(f" {m.upper():>26}" for m in models))
     for key, name in (('train_step', 'training step'), ('decode_per_token', 'decode per token'),
@@ -318,7 +318,7 @@ def run_t2mlr(T2MLRConfig, T2MLRWrapper, X, Y, prompt, toks, shape, renamed):
     hf_params = dict(hf.named_parameters())  # before the wrapper renames the span's layers
     theirs = T2MLRWrapper(T2MLRConfig(
         base_config=hf.config.to_dict(), base_model_type='llama', t2mlr_enabled=True, l_start=t2mlr_start,
-        l_end=t2mlr_end, batch_forward=True, batch_forward_approximate_depth=D, batch_backward_approximate_depth=B,
+        l_end=t2mlr_end, batch_forward=True, batch_forward_approximate_depth=n_iter, batch_backward_approximate_depth=n_grad,
         recurrent_mixing_module_name='gated', use_learnable_gate=True, use_recurrent_projection=True,
         recurrent_residual_to_recurrent_cache=True, recurrent_residual_to_recurrent_cache_detach=True,
         recurrent_residual_to_recurrent_cache_post_norm=True), base_model=hf)
@@ -333,7 +333,7 @@ def run_t2mlr(T2MLRConfig, T2MLRWrapper, X, Y, prompt, toks, shape, renamed):
         return torch.cat([p.grad.reshape(-1) for p in ps])
 
     def ours_jacobi():
-        return ours(X, Y, mode='jacobi', n_iter=D, n_grad=B)[1]
+        return ours(X, Y, mode='jacobi', n_iter=n_iter, n_grad=n_grad)[1]
 
     def theirs_jacobi(use_cache=False):
         """model.train() makes the official forward the Jacobi one (batch_forward); the same cross-entropy.
@@ -387,7 +387,7 @@ def run_lrt(lrt_gpt, LRTCache, X, Y, prompt, toks, shape):
                          lrt_gate_channels=lrt_gate_channels))
     theirs = lrt_gpt.GPT(lrt_gpt.GPTConfig(sequence_len=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head,
                                            n_kv_head=n_head, n_embd=n_embd, window_pattern='L', use_interleaved=True,
-                                           interleaved_num_passes=S, ve_gate_channels=lrt_gate_channels))
+                                           interleaved_num_passes=n_subsets, ve_gate_channels=lrt_gate_channels))
     theirs.init_weights()
 
     def lrt_steps(m, ids, cache, h):
@@ -413,7 +413,7 @@ def run_lrt(lrt_gpt, LRTCache, X, Y, prompt, toks, shape):
         return (time.perf_counter() - t0) / len(toks)
 
     return dict(n_params_ours=n_params(ours), n_params_theirs=n_params(theirs), timing=timings(
-        ours, theirs, lambda: ours(X, Y, mode='interleaved', n_subsets=S)[1],
+        ours, theirs, lambda: ours(X, Y, mode='interleaved', n_subsets=n_subsets)[1],
         lambda: theirs.forward_interleaved_train(X, Y)['loss'],
         lambda: ours(X, Y, mode='exact'), lrt_exact, lambda: ours_decode(ours, prompt, toks)[0], lrt_decode))
 
