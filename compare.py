@@ -301,7 +301,7 @@ def run(name, seed):
     if owner and alive(owner):
         fail(f"{run_dir} is being trained now by process {owner} (another compare.py with this "
              f"--out_dir?): wait for it, or stop it; delete {lock} if no such process is training it")
-    from dataset import lock_holder
+    from support.dataset import lock_holder
     holder = lock_holder(run_dir)  # train.py's own lock: a trainer still running there (its compare.py killed?)
     if holder:
         fail(f"{run_dir} is being trained now by process {holder}: wait for it, or stop it")
@@ -428,8 +428,8 @@ def plot_depth(plt):
 def flops_of(name):
     """The model's FLOPs per trained token under its scheme (flops.py), from the first seed's
     checkpoint config and the scheme arguments of its command."""
-    from checkpoint import CheckpointError, model_config, read_checkpoint
-    from flops import flops_per_token
+    from support.checkpoint import CheckpointError, model_config, read_checkpoint
+    from support.flops import flops_per_token
     try:
         ck = read_checkpoint(os.path.join(out_dir, f'{name}_s{seed_list[0]}', 'ckpt.pt'))  # weights_only: runs no code
     except CheckpointError as e:
@@ -506,9 +506,9 @@ def plot_gates():
 def reliance_table():
     """Exact vs zero-state loss, accuracy and EM on the test split at the training length, from
     the runs' checkpoints. -> (markdown table, {name: [per-seed dicts]})."""
-    from checkpoint import CheckpointError, load_checkpoint
-    from dataset import load_meta, load_rec_mask, load_split
-    from diagnostics import task_accuracy
+    from support.checkpoint import CheckpointError, load_checkpoint
+    from support.dataset import load_meta, load_rec_mask, load_split
+    from support.diagnostics import task_accuracy
     data_dir = os.path.join(data_root, dataset)
     meta = load_meta(data_dir)
     split = min((s for s in meta['splits'] if s.startswith('test')), key=lambda s: meta['splits'][s]['len'])
@@ -553,9 +553,9 @@ def text_report(results):
     approximation and the zero state; median [min, max] over seeds; the plain model's seed spread
     (the noise floor); step time and FLOPs. Writes text.md, text.json and text.png (test bits
     per character against training steps and against training FLOPs)."""
-    from checkpoint import load_checkpoint
-    from dataset import load_split
-    from diagnostics import corpus_loss, eval_modes
+    from support.checkpoint import load_checkpoint
+    from support.dataset import load_split
+    from support.diagnostics import corpus_loss, eval_modes
     test = load_split(os.path.join(data_root, dataset), 'test', meta)
     ln2 = math.log(2)
     for name in names:

@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from checks import check_decode_step, check_generate, check_model_config, check_sampling, check_scheme
+from support.checks import check_decode_step, check_generate, check_model_config, check_sampling, check_scheme
 
 # -----------------------------------------------------------------------------
 # config

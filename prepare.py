@@ -24,11 +24,9 @@ import os
 import signal
 import sys
 
-import corpora
-import sft
-import tasks
 from configurator import configure, fail
-from dataset import abort_datasets, load_meta, release_locks
+from support import corpora, sft, tasks
+from support.dataset import abort_datasets, load_meta, release_locks
 
 DATASETS = {  # name: (its options with their defaults, the function that writes it)
     's5': (tasks.S5_DEFAULTS, tasks.prepare_s5),

@@ -31,16 +31,16 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from checkpoint import save_checkpoint
 from configurator import compile_errors, configure, device_setup, fail
-from dataset import data_fingerprint, load_meta, load_rec_mask, load_split
-from diagnostics import eval_modes, gate_stats, task_accuracy
-from flops import flops_per_token
 from engine import Engine
 from model import GPT
-from tasks import position_kinds
-from trainutil import (Batches, init_processes, make_out_dir, StepStats, StopRequest, check_config, check_data, init_model, model_args_from, nonfinite,
-                       drop_previous_run, print_eval, restore_previous_run, restore_state, set_aside_previous_run, shutdown, stop_diverged, warn_state)
+from support.checkpoint import save_checkpoint
+from support.dataset import data_fingerprint, load_meta, load_rec_mask, load_split
+from support.diagnostics import eval_modes, gate_stats, task_accuracy
+from support.flops import flops_per_token
+from support.tasks import position_kinds
+from support.trainutil import (Batches, init_processes, make_out_dir, StepStats, StopRequest, check_config, check_data, init_model, model_args_from, nonfinite,
+                               drop_previous_run, print_eval, restore_previous_run, restore_state, set_aside_previous_run, shutdown, stop_diverged, warn_state)
 
 # -----------------------------------------------------------------------------
 # default config values; override with a config file and/or --key=value

@@ -22,10 +22,10 @@ import pytest
 import torch
 
 import prepare
-from dataset import load_meta
 from model import GPT, GPTConfig
 from test_reliability import in_process
 from test_train import ROOT, TINY
+from support.dataset import load_meta
 
 RUN = ['--max_iters=2', '--eval_interval=2', '--eval_first=False', '--n_iter=2', '--n_grad=1']
 SIZES = ['--n_train=64', '--n_val=8', '--n_test=8', '--train_len=8', '--test_lens=12']
@@ -128,7 +128,7 @@ def test_huge_rows_fail_fast(world, tmp_path, argv, flag):
 def test_disk_size_is_arithmetic(tmp_path, monkeypatch):
     # a huge split is refused from its row length alone: the generator is asked for one short row
     calls = []
-    import tasks
+    from support import tasks
     real = tasks.running_product
     monkeypatch.setattr(tasks, 'running_product', lambda mul, x: calls.append(x.shape) or real(mul, x))
     code, err = prep('s5', '--n_train=1e12', '--train_len=8192', f'--out_dir={tmp_path}/big')
@@ -314,8 +314,8 @@ def test_lab_prefill_ckpt_lstm_fails_at_start(lstm_run, tmp_path):
 
 
 def test_engine_on_an_lstm(lstm_run):
-    from checkpoint import load_checkpoint
     from engine import Engine
+    from support.checkpoint import load_checkpoint
     m = load_checkpoint(str(lstm_run / 'ckpt.pt'), 'cpu')[0].eval()
     engine, x = Engine(m, compile=False), torch.zeros(1, 3, dtype=torch.long)
     assert torch.equal(engine.generate(x, 4, temperature=0), m.generate(x, 4, temperature=0))  # the same steps

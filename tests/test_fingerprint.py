@@ -19,8 +19,8 @@ import os
 import pytest
 import torch
 
-from checkpoint import upgrade_state_dict
 from model import GPT, GPTConfig
+from support.checkpoint import upgrade_state_dict
 
 FIXTURE = torch.load(os.path.join(os.path.dirname(__file__), 'fixtures', 'fingerprint.pt'), weights_only=False)
 TOL = dict(rtol=1e-12, atol=1e-12)

@@ -25,8 +25,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from checkpoint import HF_LLAMA_NAMES
 from model import GPT, GPTConfig, KVCache
+from support.checkpoint import HF_LLAMA_NAMES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(ROOT, 'tools', 'official.py')

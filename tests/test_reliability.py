@@ -24,11 +24,9 @@ import pytest
 import torch
 
 import configurator
-import checkpoint
-import corpora
-import dataset
 import prepare
 from test_train import ROOT, common, params, run
+from support import checkpoint, corpora, dataset
 
 GOOD = ['--max_iters=4', '--eval_interval=2', '--eval_first=False', '--n_iter=3', '--n_grad=2']
 

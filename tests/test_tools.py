@@ -15,9 +15,9 @@ import numpy as np
 import torch
 
 import prepare
-from checkpoint import save_checkpoint
-from dataset import load_meta, load_split
 from model import GPT, GPTConfig
+from support.checkpoint import save_checkpoint
+from support.dataset import load_meta, load_split
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(REPO, 'tools', 'chain_bursts.py')

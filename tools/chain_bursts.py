@@ -20,9 +20,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from checkpoint import CheckpointError, load_checkpoint  # noqa: E402
 from configurator import fail  # noqa: E402
-from dataset import DataError, load_meta, load_split  # noqa: E402
+from support.checkpoint import CheckpointError, load_checkpoint  # noqa: E402
+from support.dataset import DataError, load_meta, load_split  # noqa: E402
 
 paths = [a for a in sys.argv[1:] if not a.startswith('--')]
 n_batches = int(next((a.split('=')[1] for a in sys.argv[1:] if a.startswith('--batches=')), 100))

@@ -13,9 +13,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from checkpoint import CheckpointError, load_checkpoint  # noqa: E402
 from configurator import fail  # noqa: E402
-from dataset import DataError, load_meta, load_split  # noqa: E402
+from support.checkpoint import CheckpointError, load_checkpoint  # noqa: E402
+from support.dataset import DataError, load_meta, load_split  # noqa: E402
 
 if len(sys.argv) < 2:
     fail("usage: python tools/grad_owners.py RUN_DIR [RUN_DIR ...] (folders holding a ckpt.pt)")

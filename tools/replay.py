@@ -20,8 +20,8 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from checkpoint import CheckpointError, read_checkpoint  # noqa: E402
 from configurator import fail  # noqa: E402
+from support.checkpoint import CheckpointError, read_checkpoint  # noqa: E402
 
 args = sys.argv[1:]
 paths = [a for a in args if not a.startswith('--')]

@@ -24,10 +24,10 @@ import sys
 import numpy as np
 import torch
 
-import dataset
 from configurator import fail
-from lstm import LSTM, LSTMConfig
 from model import GPT, GPTConfig
+from support import dataset
+from support.lstm import LSTM, LSTMConfig
 
 
 class CheckpointError(ValueError):

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from checks import check_fits, check_scheme
 from model import GPT, ce_loss
+from support.checks import check_fits, check_scheme
 
 
 @dataclass
