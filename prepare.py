@@ -16,8 +16,8 @@ Prepare a dataset for train.py, sample.py and lab/evaluate.py:
 
 Every option is --key=value; `python prepare.py NAME --help` lists NAME's options.
 Downloads wait at most FETCH_TIMEOUT seconds (environment variable, default 30) for an answer.
-The format of a dataset, and its readers: dataset.py. The tasks: tasks.py; text corpora:
-corpora.py; prompt/response data: sft.py.
+The format of a dataset, and its readers: support/dataset.py. The tasks: support/tasks.py; text corpora:
+support/corpora.py; prompt/response data: support/sft.py.
 """
 
 import os

@@ -1,4 +1,4 @@
-"""The LSTM baseline (lstm.py): its size against the GPT's, its generation against its own
+"""The LSTM baseline (support/lstm.py): its size against the GPT's, its generation against its own
 forward (float64), its checkpoints, and train.py (exact resume), the evaluation, lab/evaluate.py
 and sample.py with it, end to end through their CLIs."""
 

@@ -129,7 +129,7 @@ def test_block_matches_naive_scheme(kw, C):
 
 @pytest.mark.parametrize('kw', SCHEME_STYLES, ids=SCHEME_IDS)
 def test_block_of_the_whole_row_reads_zero(kw):
-    # one chunk of T tokens: no position reads a state (compare.py's ab6_lrt_nomem control), so
+    # one chunk of T tokens: no position reads a state (lab/compare.py's ab6_lrt_nomem control), so
     # block training is the zero-state forward, and the modules without the memory remain
     m = make(reset_token=0, **kw)
     idx = doc_tokens()

@@ -43,12 +43,12 @@ def test_malicious_checkpoint_is_refused_unrun_by_every_reader(world, tmp_path):
         'lab/evaluate.py': in_process('lab/evaluate.py', ['--init_from=' + str(evil), *data, '--start=0 1'], tmp_path),
         'train.py': in_process('train.py', train_args(world, evil.parent, '--init_from=resume'), tmp_path),
     }
-    for name, argv in [('replay.py', [os.path.join(ROOT, 'tools', 'replay.py'), evil, tmp_path / 'replay']),
+    for name, argv in [('lab/replay.py', [os.path.join(ROOT, 'lab', 'replay.py'), evil, tmp_path / 'replay']),
                        ('lab/prefill.py', [os.path.join(ROOT, 'lab', 'prefill.py'), '--quick=True', '--threads=1',
                                            f'--prefill_ckpt={evil}'])]:
         p = script(*argv, cwd=tmp_path)
         results[name] = (p.returncode, p.stdout, p.stderr)
-    from support.checkpoint import CheckpointError, load_checkpoint, read_checkpoint  # compare.py's readers
+    from support.checkpoint import CheckpointError, load_checkpoint, read_checkpoint  # lab/compare.py's readers
     for read in (read_checkpoint, load_checkpoint):
         with pytest.raises(CheckpointError, match='refused'):
             read(str(evil))
@@ -93,7 +93,7 @@ def test_second_writer_is_refused_naming_the_holder(world, tmp_path, holder):
     from support import dataset
     run_dir = tmp_path / 'run'
     pid = holder(run_dir)
-    assert dataset.lock_holder(str(run_dir)) == str(pid)  # what compare.py checks before it starts a trainer
+    assert dataset.lock_holder(str(run_dir)) == str(pid)  # what lab/compare.py checks before it starts a trainer
     for extra in ([], ['--overwrite=True'], ['--init_from=resume']):
         code, out, err = in_process('train.py', train_args(world, run_dir, *extra), tmp_path)
         lines = err.strip().splitlines()
