@@ -195,7 +195,7 @@ def train_inputs():
     return data[:, :-1].contiguous(), data[:, 1:].contiguous(), dict(n_iter=n_iter, n_grad=n_grad, n_subsets=n_subsets)
 
 def train_section():
-    from flops import flops_per_token
+    from support.flops import flops_per_token
     X, Y, kw = train_inputs()
     print(f"\n1. training step: batch {batch_size} x {seq_len}, n_iter={n_iter} n_grad={n_grad} n_subsets={n_subsets}, {train_warmup} warm-up + {train_reps} timed steps")
     variants = []
@@ -258,7 +258,7 @@ def decode_run(m, step, prompt, toks, compiled, ops=False):
     return (time.perf_counter() - t0) / len(toks)
 
 def decode_section(models, engines):  # -> eager rows, compiled rows (each against plain, compiled: COMPILED plain)
-    from flops import flops_per_token
+    from support.flops import flops_per_token
     print(f"\n2. decode: prompt {prompt_len}, decode_step only, median of {decode_reps} runs, round-robin")
     rows = {'eager': [], 'compiled': []}
     for bsz, n_gen in itertools.product(decode_batches, gen_lens):
@@ -291,7 +291,7 @@ if __name__ == '__main__':
     results = setup()
     results['train'] = train_section()
     models, engines = eval_models()
-    from flops import rec_flops
+    from support.flops import rec_flops
     results['models'] = {NAMES[r]: dict(recurrence=r, rec_start=placement[r][0] if r != 'none' else None,
                                         rec_end=placement[r][1] if r != 'none' else None, rec_flops_per_token=rec_flops(m.config),
                                         n_params=sum(p.numel() for p in m.parameters())) for r, m in models.items()}

@@ -142,7 +142,7 @@ def autocast(device_type, dtype):
 
 def read_config(path):
     """The settings a config file (python) assigns, {name: value} (its imports and _private names
-    left out): the one reader of config files (configure, lab/memory.py, compare.py)."""
+    left out): the one reader of config files (configure, lab/memory.py, lab/compare.py)."""
     if not os.path.isfile(path):
         fail(f"no config file {path}")
     ns = {}

@@ -16,8 +16,8 @@ The tokens equal eager GPT.generate's (tests/test_decode.py, tests/test_gpu_read
 
 import torch
 
-from checks import check_decode_step
 from model import GPT, KVCache, causal_mask
+from support.checks import check_decode_step
 
 
 class StaticKVCache(KVCache):

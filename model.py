@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from checks import check_decode_step, check_generate, check_model_config, check_sampling, check_scheme
+from support.checks import check_decode_step, check_generate, check_model_config, check_sampling, check_scheme
 
 # -----------------------------------------------------------------------------
 # config
@@ -72,7 +72,7 @@ class GPTConfig:
     def padded_vocab(self):
         return self.vocab_pad * math.ceil(self.vocab_size / self.vocab_pad)
 
-    def validate(self):  # the one check of a model's settings (checks.py): a ValueError naming the first broken
+    def validate(self):  # the one check of a model's settings (support/checks.py): a ValueError naming the first broken
         check_model_config(self)
 
 # -----------------------------------------------------------------------------

@@ -16,19 +16,17 @@ Prepare a dataset for train.py, sample.py and lab/evaluate.py:
 
 Every option is --key=value; `python prepare.py NAME --help` lists NAME's options.
 Downloads wait at most FETCH_TIMEOUT seconds (environment variable, default 30) for an answer.
-The format of a dataset, and its readers: dataset.py. The tasks: tasks.py; text corpora:
-corpora.py; prompt/response data: sft.py.
+The format of a dataset, and its readers: support/dataset.py. The tasks: support/tasks.py; text corpora:
+support/corpora.py; prompt/response data: support/sft.py.
 """
 
 import os
 import signal
 import sys
 
-import corpora
-import sft
-import tasks
 from configurator import configure, fail
-from dataset import abort_datasets, load_meta, release_locks
+from support import corpora, sft, tasks
+from support.dataset import abort_datasets, load_meta, release_locks
 
 DATASETS = {  # name: (its options with their defaults, the function that writes it)
     's5': (tasks.S5_DEFAULTS, tasks.prepare_s5),

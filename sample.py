@@ -18,10 +18,10 @@ from contextlib import nullcontext
 
 import torch
 
-from checkpoint import check_run_settings, find_data, finish_model, load_model, refuse_for_lstm
 from configurator import compile_errors, configure, device_setup, fail
-from dataset import get_tokenizer
 from engine import Engine
+from support.checkpoint import check_run_settings, find_data, finish_model, load_model, refuse_for_lstm
+from support.dataset import get_tokenizer
 
 # -----------------------------------------------------------------------------
 out_dir = 'out'          # init_from=resume reads out_dir/ckpt.pt (or best.pt)

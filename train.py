@@ -1,6 +1,6 @@
 """
 Train the plain GPT, T2MLR or LRT, with the parallel training scheme of your choice (or the
-LSTM baseline, lstm.py: arch='lstm').
+LSTM baseline, support/lstm.py: arch='lstm').
 
 $ python train.py config/t2mlr_small.py
 $ torchrun --standalone --nproc_per_node=2 train.py config/t2mlr_small.py   # DDP: gloo on CPU, NCCL on GPUs
@@ -31,16 +31,16 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from checkpoint import save_checkpoint
 from configurator import compile_errors, configure, device_setup, fail
-from dataset import data_fingerprint, load_meta, load_rec_mask, load_split
-from diagnostics import eval_modes, gate_stats, task_accuracy
-from flops import flops_per_token
 from engine import Engine
 from model import GPT
-from tasks import position_kinds
-from trainutil import (Batches, init_processes, make_out_dir, StepStats, StopRequest, check_config, check_data, init_model, model_args_from, nonfinite,
-                       drop_previous_run, print_eval, restore_previous_run, restore_state, set_aside_previous_run, shutdown, stop_diverged, warn_state)
+from support.checkpoint import save_checkpoint
+from support.dataset import data_fingerprint, load_meta, load_rec_mask, load_split
+from support.diagnostics import eval_modes, gate_stats, task_accuracy
+from support.flops import flops_per_token
+from support.tasks import position_kinds
+from support.trainutil import (Batches, init_processes, make_out_dir, StepStats, StopRequest, check_config, check_data, init_model, model_args_from, nonfinite,
+                               drop_previous_run, print_eval, restore_previous_run, restore_state, set_aside_previous_run, shutdown, stop_diverged, warn_state)
 
 # -----------------------------------------------------------------------------
 # default config values; override with a config file and/or --key=value
@@ -72,7 +72,7 @@ batch_size = 32          # micro-batch size per process
 block_size = 64          # tokens per sequence (token data); model context (task data: >= longest split)
 gradient_accumulation_steps = 1  # in total across processes
 # model
-arch = 'gpt'             # 'gpt' | 'lstm' (the baseline, lstm.py: n_layer layers of hidden size n_embd; recurrence='none')
+arch = 'gpt'             # 'gpt' | 'lstm' (the baseline, support/lstm.py: n_layer layers of hidden size n_embd; recurrence='none')
 n_layer = 4
 n_head = 4
 n_kv_head = 4
@@ -149,7 +149,7 @@ check_config(SimpleNamespace(**config))
 # processes and devices
 
 ddp, rank, local_rank, world_size, device, gradient_accumulation_steps = init_processes(
-    device, ddp_timeout, gradient_accumulation_steps)  # DDP under torchrun (trainutil.py)
+    device, ddp_timeout, gradient_accumulation_steps)  # DDP under torchrun (support/trainutil.py)
 config['gradient_accumulation_steps'] = gradient_accumulation_steps
 master = rank == 0  # logs, evaluates and saves
 accum_local = gradient_accumulation_steps // world_size  # micro-batches this process runs per step
@@ -157,7 +157,7 @@ accum_local = gradient_accumulation_steps // world_size  # micro-batches this pr
 # over fp32 weights; float64 (tests) converts the weights
 device_type, ptdtype, autocast = device_setup(device, dtype, seed + rank)
 
-stop_request = StopRequest()  # SIGINT/SIGTERM: save at the step boundary, then exit (trainutil.py)
+stop_request = StopRequest()  # SIGINT/SIGTERM: save at the step boundary, then exit (support/trainutil.py)
 
 # -----------------------------------------------------------------------------
 # data: token streams (language modelling) or fixed-length examples with aligned targets (tasks)
@@ -166,7 +166,7 @@ data_dir = os.path.join(data_root, dataset)
 meta = load_meta(data_dir)  # a missing or broken dataset: one line (DataError)
 is_task = meta['format'] == 'examples'
 task_splits = [s for s in meta['splits'] if s != 'train'] if is_task else []
-batches = Batches(data_dir, meta, block_size, device)  # batch(gen, split, B) -> x, y, rec_mask (trainutil.py)
+batches = Batches(data_dir, meta, block_size, device)  # batch(gen, split, B) -> x, y, rec_mask (support/trainutil.py)
 seq_len = batches.seq_len  # token data: block_size; task data: the length of train's rows
 if is_task:  # the model's context holds the longest example
     block_size = max(block_size, max(meta['splits'][s]['len'] for s in meta['splits']))
@@ -177,7 +177,7 @@ tokens_per_iter = gradient_accumulation_steps * batch_size * seq_len
 # -----------------------------------------------------------------------------
 # model, optimizer, resume
 
-model_args = model_args_from(dict(config, block_size=block_size), meta)  # GPTConfig's fields (trainutil.py)
+model_args = model_args_from(dict(config, block_size=block_size), meta)  # GPTConfig's fields (support/trainutil.py)
 iter_num, best_val_loss = 0, 1e9
 ckpt_path = os.path.join(out_dir, 'ckpt.pt')   # the latest checkpoint
 best_path = os.path.join(out_dir, 'best.pt')   # the best by exact validation loss so far

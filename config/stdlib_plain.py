@@ -1,6 +1,6 @@
 # Character-level language modelling on Python's own standard library (prepare.py stdlib_char:
 # real text every machine has offline): the plain GPT. Sized for a 2-core CPU: 4 layers, d=128,
-# context 256, 8 rows a step, 800 steps (1.6M characters). compare.py trains it next to
+# context 256, 8 rows a step, 800 steps (1.6M characters). lab/compare.py trains it next to
 # stdlib_t2mlr.py and stdlib_lrt.py (the same backbone) and reads bits per character on the
 # held-out test files (docs/text.md).
 # Data: python prepare.py stdlib_char

@@ -55,14 +55,14 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-import diagnostics
-from checkpoint import check_run_settings, find_data, finish_model, load_model, refuse_for_lstm
 from configurator import check_out_file, configure, device_setup, fail
-from dataset import get_tokenizer, load_answers, load_rec_mask, load_split, short
-from diagnostics import corpus_loss, eval_modes, plot_trace, task_accuracy, trace_values
 from sample import encode_prompt, read_prompt
-from sft import extract_answer
-from tasks import position_kinds, task_labels, task_rec_mask
+from support import diagnostics
+from support.checkpoint import check_run_settings, find_data, finish_model, load_model, refuse_for_lstm
+from support.dataset import get_tokenizer, load_answers, load_rec_mask, load_split, short
+from support.diagnostics import corpus_loss, eval_modes, plot_trace, task_accuracy, trace_values
+from support.sft import extract_answer
+from support.tasks import position_kinds, task_labels, task_rec_mask
 
 # -----------------------------------------------------------------------------
 # eval_split: teacher-forced scores of a split

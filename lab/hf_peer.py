@@ -31,8 +31,8 @@ results = bench.setup(doc=__doc__, check=check)
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from checkpoint import to_hf_llama
 from engine import Engine
+from support.checkpoint import to_hf_llama
 
 
 class Clock(LogitsProcessor):

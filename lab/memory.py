@@ -43,8 +43,8 @@ def check():
 
 results = bench.setup(globals(), ['mem_configs', 'mem_vocab', 'mem_gpu_gib', 'mem_len'], None, __doc__, check)
 import torch
-from diagnostics import activation_bytes
 from model import GPT, GPTConfig
+from support.diagnostics import activation_bytes
 
 
 def mb(nbytes):

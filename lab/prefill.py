@@ -39,7 +39,7 @@ def check():
         prefill_iters = bench.n_iter
     bench.at_least(globals(), prefill_iters=1)
     if prefill_ckpt:
-        from checkpoint import CheckpointError, load_checkpoint
+        from support.checkpoint import CheckpointError, load_checkpoint
         if not os.path.isfile(prefill_ckpt):
             fail(f"prefill_ckpt={prefill_ckpt}: no such file")
         try:
@@ -54,7 +54,7 @@ results = bench.setup(globals(), ['prefill_len', 'prefill_batch', 'prefill_iters
                       dict(prefill_len=16, prefill_reps=2), __doc__, check)
 import torch
 from engine import KVCache, StaticKVCache
-from flops import flops_per_token
+from support.flops import flops_per_token
 
 print(f"\nprefill: batch {prefill_batch} x {prefill_len} tokens, Jacobi k={prefill_iters} and to tolerance "
       f"{prefill_tol:g}, median of {prefill_reps} runs, round-robin")

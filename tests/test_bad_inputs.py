@@ -4,7 +4,7 @@ the right behaviour, and the two that lost data must leave the finished run / th
 as it was.
 
 train.py, sample.py and lab/evaluate.py run in this process (test_reliability.in_process), prepare.py
-through its main(); bench.py (and the lab/ scripts on it) and compare.py fail before they import torch,
+through its main(); bench.py (and the lab/ scripts on it) and lab/compare.py fail before they import torch,
 so they run as processes.
 The sections after the first probe's are the second's (issue 41): the LSTM through the other
 tools, options, inputs, data, tools."""
@@ -22,10 +22,10 @@ import pytest
 import torch
 
 import prepare
-from dataset import load_meta
 from model import GPT, GPTConfig
 from test_reliability import in_process
 from test_train import ROOT, TINY
+from support.dataset import load_meta
 
 RUN = ['--max_iters=2', '--eval_interval=2', '--eval_first=False', '--n_iter=2', '--n_grad=1']
 SIZES = ['--n_train=64', '--n_val=8', '--n_test=8', '--train_len=8', '--test_lens=12']
@@ -128,7 +128,7 @@ def test_huge_rows_fail_fast(world, tmp_path, argv, flag):
 def test_disk_size_is_arithmetic(tmp_path, monkeypatch):
     # a huge split is refused from its row length alone: the generator is asked for one short row
     calls = []
-    import tasks
+    from support import tasks
     real = tasks.running_product
     monkeypatch.setattr(tasks, 'running_product', lambda mul, x: calls.append(x.shape) or real(mul, x))
     code, err = prep('s5', '--n_train=1e12', '--train_len=8192', f'--out_dir={tmp_path}/big')
@@ -247,7 +247,7 @@ def test_prepare_removes_the_temp_files_of_a_killed_run(tmp_path):
 
 
 @pytest.mark.parametrize('script,args,words', [
-    ('compare.py', ['--seeds='], ["seeds=''", 'comma list of integers']),
+    ('lab/compare.py', ['--seeds='], ["seeds=''", 'comma list of integers']),
     ('bench.py', ['--vocab_size=0'], ['vocab_size=0', '>= 1']),
     ('lab/memory.py', ['--mem_len=-5'], ['mem_len=-5', '>= 0']),
     ('bench.py', ['--out=missing/b.json'], ['out=missing/b.json', 'does not exist']),
@@ -264,14 +264,14 @@ def test_script_bad_setting(tmp_path, script, args, words):
 
 
 def test_compare_restarts_an_interrupted_run(world, tmp_path):
-    # an interrupted run of compare.py: a checkpoint, and a log without the final evaluation.
-    # compare.py starts it over (it must say --overwrite=True to train.py, or nothing would run)
+    # an interrupted run of lab/compare.py: a checkpoint, and a log without the final evaluation.
+    # lab/compare.py starts it over (it must say --overwrite=True to train.py, or nothing would run)
     run_dir = tmp_path / 'cmp' / 'plain_s1'
     run_dir.mkdir(parents=True)
     for f in ('ckpt.pt', 'best.pt'):
         (run_dir / f).write_bytes((world / 'run' / f).read_bytes())
     (run_dir / 'log.jsonl').write_text(open(world / 'run' / 'log.jsonl').readline())
-    p = subprocess.run([sys.executable, os.path.join(ROOT, 'compare.py'), '--quick=True', '--max_iters=1', '--seeds=1',
+    p = subprocess.run([sys.executable, os.path.join(ROOT, 'lab', 'compare.py'), '--quick=True', '--max_iters=1', '--seeds=1',
                         '--models=plain', f'--data_root={world}/data', f'--out_dir={tmp_path}/cmp'],
                        capture_output=True, text=True, timeout=300, env={**os.environ, 'OMP_NUM_THREADS': '1'})
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
@@ -314,8 +314,8 @@ def test_lab_prefill_ckpt_lstm_fails_at_start(lstm_run, tmp_path):
 
 
 def test_engine_on_an_lstm(lstm_run):
-    from checkpoint import load_checkpoint
     from engine import Engine
+    from support.checkpoint import load_checkpoint
     m = load_checkpoint(str(lstm_run / 'ckpt.pt'), 'cpu')[0].eval()
     engine, x = Engine(m, compile=False), torch.zeros(1, 3, dtype=torch.long)
     assert torch.equal(engine.generate(x, 4, temperature=0), m.generate(x, 4, temperature=0))  # the same steps
@@ -412,7 +412,7 @@ def test_generate_and_decode_step_check_their_inputs():
     for step in (m.decode_step, Engine(m, compile=False).decode_step):
         with pytest.raises(ValueError, match='position 16: past the model.s block_size 16'):  # once: an IndexError
             step(tok, range(16, 17), state, KVCache(2, 20))
-        with pytest.raises(ValueError, match=r'pos = range\(t, t \+ 1\)'):  # tools/official.py's int, once
+        with pytest.raises(ValueError, match=r'pos = range\(t, t \+ 1\)'):  # lab/official.py's int, once
             step(tok, 3, state, KVCache(2, 20))
     for gen in (m, Engine(m, compile=False)):  # prefilled at batch 1, decoded at batch 4: once a cache of zeros
         cache = gen.new_cache(1, 10)
@@ -468,7 +468,7 @@ def test_prepare_out_dir_is_a_file(tmp_path):
 
 
 def tool(name, *args, cwd=ROOT):
-    return subprocess.run([sys.executable, os.path.join(ROOT, 'tools', name), *map(str, args)], cwd=cwd,
+    return subprocess.run([sys.executable, os.path.join(ROOT, 'lab', name), *map(str, args)], cwd=cwd,
                           capture_output=True, text=True, timeout=120, env={**os.environ, 'OMP_NUM_THREADS': '1'})
 
 
@@ -488,7 +488,7 @@ def test_pool_and_pairs_on_bad_files(tmp_path, content, words):
 def test_compare_unwritable_results_dir_fails_at_start(world, tmp_path, flag):
     (tmp_path / 'FILE').write_text('a file')
     t = time.time()
-    p = subprocess.run([sys.executable, os.path.join(ROOT, 'compare.py'), '--quick=True', '--max_iters=1', '--seeds=1',
+    p = subprocess.run([sys.executable, os.path.join(ROOT, 'lab', 'compare.py'), '--quick=True', '--max_iters=1', '--seeds=1',
                         '--models=plain', f'--data_root={world}/data', f'--out_dir={tmp_path}/cmp',
                         flag.replace('FILE', str(tmp_path / 'FILE'))], cwd=tmp_path, capture_output=True, text=True,
                        timeout=120)
@@ -499,7 +499,7 @@ def test_compare_unwritable_results_dir_fails_at_start(world, tmp_path, flag):
 def test_compare_text_rerun_with_other_steps_is_rescored(tmp_path):
     # a rerun with another --max_iters retrains the run; its test bits were the old run's (test_eval.json)
     assert prep('stdlib_char', '--max_files=6', '--hold_out_every=3', f'--out_dir={tmp_path}/data/stdlib_char')[0] == 0
-    cmd = [sys.executable, os.path.join(ROOT, 'compare.py'), '--quick=True', '--seeds=1', '--dataset=stdlib_char',
+    cmd = [sys.executable, os.path.join(ROOT, 'lab', 'compare.py'), '--quick=True', '--seeds=1', '--dataset=stdlib_char',
            '--models=stdlib_plain', f'--data_root={tmp_path}/data', f'--out_dir={tmp_path}/cmp',
            '--extra=--block_size=16 --eval_interval=2']
     env = {**os.environ, 'OMP_NUM_THREADS': '1'}

@@ -10,9 +10,9 @@ import os
 import pytest
 import torch
 
-from checkpoint import save_checkpoint
 from model import GPT, GPTConfig
 from test_bench import bench, finite_pos
+from support.checkpoint import save_checkpoint
 
 QUICK = ['--quick=True', '--threads=1']
 

@@ -1,4 +1,4 @@
-"""compare.py end to end in a tiny mode, and the paper-scale configs smoke-tested at reduced size."""
+"""lab/compare.py end to end in a tiny mode, and the paper-scale configs smoke-tested at reduced size."""
 
 import json
 import os
@@ -21,7 +21,7 @@ def prep(*args):
 def test_compare_tiny(tmp_path):
     prep('s5', '--group=Z2', '--n_train=64', '--n_val=8', '--n_test=8', '--train_len=8', '--test_lens=12',
          f'--out_dir={tmp_path}/data/s5_Z2')
-    cmd = [sys.executable, os.path.join(ROOT, 'compare.py'), '--quick=True', '--max_iters=2', '--seeds=1,2',
+    cmd = [sys.executable, os.path.join(ROOT, 'lab', 'compare.py'), '--quick=True', '--max_iters=2', '--seeds=1,2',
            f'--data_root={tmp_path}/data', f'--out_dir={tmp_path}/cmp']
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
@@ -36,13 +36,13 @@ def test_compare_tiny(tmp_path):
         assert len(res['runs'][name]) == 2
     md = open(tmp_path / 'cmp' / 'results.md').read()
     assert md.count('\n| ') == 4 and 'EM@12 (exact)' in md and 'seeds EM@12 >= 0.9' in md  # one row per model
-    assert 'commit ' in md and '`python compare.py --quick=True' in md  # where the table came from
+    assert 'commit ' in md and '`python lab/compare.py --quick=True' in md  # where the table came from
     # a second call reuses the finished runs instead of training again
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
     assert p.returncode == 0 and p.stdout.count('already done') == 8
     # gate statistics over training, plotted; the reliance table from the checkpoints, no training
     try:
-        import matplotlib  # noqa: F401  (optional: without it compare.py draws no plots)
+        import matplotlib  # noqa: F401  (optional: without it lab/compare.py draws no plots)
         assert os.path.isfile(tmp_path / 'cmp' / 'gates.png')
     except ImportError:
         pass
@@ -66,7 +66,7 @@ def test_compare_curves_and_new_models(tmp_path):
     # curves every step, and the tables and plots written to results_dir
     prep('s5', '--group=S3', '--n_train=64', '--n_val=8', '--n_test=8', '--train_len=8', '--test_lens=12',
          f'--out_dir={tmp_path}/data/s5_S3')
-    cmd = [sys.executable, os.path.join(ROOT, 'compare.py'), '--quick=True', '--max_iters=2', '--seeds=1',
+    cmd = [sys.executable, os.path.join(ROOT, 'lab', 'compare.py'), '--quick=True', '--max_iters=2', '--seeds=1',
            '--models=lrt_r4_w32,t2mlr_w32_D4,t2mlr_w32_D8,plain_w32', '--dataset=s5_S3', '--curve_interval=1',
            '--curve_examples=4', f'--data_root={tmp_path}/data', f'--out_dir={tmp_path}/cmp',
            f'--results_dir={tmp_path}/evidence/s5_S3']
@@ -93,17 +93,17 @@ def test_compare_curves_and_new_models(tmp_path):
 
 
 def tiny_parity_compare(tmp_path, steps):
-    """A tiny parity dataset under tmp_path and the compare.py command that trains the plain model
+    """A tiny parity dataset under tmp_path and the lab/compare.py command that trains the plain model
     on it for `steps` steps (seed 1) -> (command, the run's directory)."""
     prep('s5', '--group=Z2', '--n_train=64', '--n_val=8', '--n_test=8', '--train_len=8', '--test_lens=12',
          f'--out_dir={tmp_path}/data/s5_Z2')
-    cmd = [sys.executable, os.path.join(ROOT, 'compare.py'), '--quick=True', f'--max_iters={steps}', '--seeds=1',
+    cmd = [sys.executable, os.path.join(ROOT, 'lab', 'compare.py'), '--quick=True', f'--max_iters={steps}', '--seeds=1',
            '--models=plain', f'--data_root={tmp_path}/data', f'--out_dir={tmp_path}/cmp']
     return cmd, tmp_path / 'cmp' / 'plain_s1'
 
 
 def test_compare_leaves_a_run_in_training_alone(tmp_path):
-    # a run with no final evaluation is restarted, unless another compare.py is training it now
+    # a run with no final evaluation is restarted, unless another lab/compare.py is training it now
     # (its pid in compare.pid): restarting that one would destroy it
     cmd, run_dir = tiny_parity_compare(tmp_path, steps=2)
     os.makedirs(run_dir)
@@ -137,9 +137,9 @@ def alive(pid):
 
 @pytest.mark.skipif(not os.path.exists('/proc/self/task'), reason='needs Linux /proc to find the child process')
 def test_compare_stops_its_run_on_sigterm(tmp_path):
-    # SIGTERM to compare.py alone (a scheduler, `kill`) must stop the training it started and
+    # SIGTERM to lab/compare.py alone (a scheduler, `kill`) must stop the training it started and
     # remove its lock: an orphaned train.py would go on writing into a run that the next
-    # compare.py, finding a stale lock, restarts from scratch in the same directory
+    # lab/compare.py, finding a stale lock, restarts from scratch in the same directory
     cmd, run_dir = tiny_parity_compare(tmp_path, steps=100000)
     log = open(tmp_path / 'compare.out', 'w')  # a file, not a pipe: an orphaned train.py would hold a pipe open
     p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=ENV)
@@ -150,11 +150,11 @@ def test_compare_stops_its_run_on_sigterm(tmp_path):
             if kids and os.path.exists(run_dir / 'log.jsonl') and '"train"' in (run_dir / 'log.jsonl').read_text():
                 break
             time.sleep(0.2)
-        assert p.poll() is None and len(kids) == 1, 'compare.py did not start its training run'
+        assert p.poll() is None and len(kids) == 1, 'lab/compare.py did not start its training run'
         p.send_signal(signal.SIGTERM)
         p.wait(timeout=300)
         out = (tmp_path / 'compare.out').read_text()
-        assert not alive(kids[0]), 'train.py outlived compare.py'
+        assert not alive(kids[0]), 'train.py outlived lab/compare.py'
         assert p.returncode == 128 + signal.SIGTERM, out[-2000:]
         assert 'stopped by SIGTERM' in out, out[-2000:]  # train.py stopped at a step boundary and saved
         assert not os.path.exists(run_dir / 'compare.pid')
@@ -187,7 +187,7 @@ def test_compare_text(tmp_path):
     # language modelling: equal steps, and A@B (A for B's training FLOPs); test bits per character
     # of the held-out files under the exact recurrence, the approximation and the zero state
     prep('stdlib_char', '--max_files=40', f'--out_dir={tmp_path}/data/stdlib_char')
-    cmd = [sys.executable, os.path.join(ROOT, 'compare.py'), '--quick=True', '--max_iters=4', '--seeds=1',
+    cmd = [sys.executable, os.path.join(ROOT, 'lab', 'compare.py'), '--quick=True', '--max_iters=4', '--seeds=1',
            '--dataset=stdlib_char', '--models=stdlib_plain,stdlib_lrt,stdlib_plain@stdlib_lrt',
            f'--data_root={tmp_path}/data', f'--out_dir={tmp_path}/cmp', '--extra=--block_size=16 --eval_interval=2']
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)

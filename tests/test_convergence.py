@@ -9,9 +9,9 @@ import sys
 import pytest
 import torch
 
-from diagnostics import jacobi_profile
 from model import KVCache
 from test_model import STYLES, TOL, make, tokens
+from support.diagnostics import jacobi_profile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -69,8 +69,8 @@ def test_profile_finds_a_span_that_ignores_its_state():
 
 def test_profile_cli(tmp_path):
     import dataclasses
-    from checkpoint import save_checkpoint
     import prepare
+    from support.checkpoint import save_checkpoint
     prepare.main(['s5', '--group=Z2', '--n_train=8', '--n_val=4', '--n_test=6', '--train_len=6', '--test_lens=',
                   f'--out_dir={tmp_path}/s5_Z2'])
     m = make(vocab_size=2, block_size=8, **STYLES[0]).float()

@@ -103,7 +103,7 @@ def test_old_checkpoint_with_separate_projections_loads(tmp_path, kw):
     """Checkpoints written before the projections were fused (wq/wk/wv, w_gate/w_up,
     lrt_fb_k/lrt_fb_v as separate matrices) load into the fused model unchanged."""
     from dataclasses import asdict
-    from checkpoint import load_checkpoint, save_checkpoint
+    from support.checkpoint import load_checkpoint, save_checkpoint
     m = make(**kw)
     c = m.config
     d, dkv, hid = c.n_embd, c.n_kv_head * (c.n_embd // c.n_head), c.mlp_hidden

@@ -4,7 +4,7 @@ float64 models (plain, T2MLR x3, LRT x4: shared, layerwise, kv-only with 8 gate 
 residual-only; windows, NoPE, detach, resets and a prompt mask among them) it holds the
 initial weights as that code saved them, the logits and loss of every forward mode, the
 greedy tokens and logits of generate after each prefill, and the weights after one AdamW
-step of the model's own scheme. The initial weights are loaded through checkpoint.py's
+step of the model's own scheme. The initial weights are loaded through support/checkpoint.py's
 upgrade (old LRT keys -> the LRT module), so this is also the test that old checkpoints load.
 
 Every float is compared to 1e-12 in float64 (relative where values are larger than 1), on
@@ -19,8 +19,8 @@ import os
 import pytest
 import torch
 
-from checkpoint import upgrade_state_dict
 from model import GPT, GPTConfig
+from support.checkpoint import upgrade_state_dict
 
 FIXTURE = torch.load(os.path.join(os.path.dirname(__file__), 'fixtures', 'fingerprint.pt'), weights_only=False)
 TOL = dict(rtol=1e-12, atol=1e-12)

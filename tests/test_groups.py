@@ -7,10 +7,9 @@ import itertools
 import numpy as np
 import pytest
 
-import dataset
-import tasks
 import prepare
-from tasks import make_group, running_product, task_labels
+from support import dataset, tasks
+from support.tasks import make_group, running_product, task_labels
 
 SIZES = {'S3': 6, 'A5': 60, 'S5': 120, 'Z5': 5}
 

@@ -1,4 +1,4 @@
-"""The LSTM baseline (lstm.py): its size against the GPT's, its generation against its own
+"""The LSTM baseline (support/lstm.py): its size against the GPT's, its generation against its own
 forward (float64), its checkpoints, and train.py (exact resume), the evaluation, lab/evaluate.py
 and sample.py with it, end to end through their CLIs."""
 
@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import prepare
-from checkpoint import build_model, load_checkpoint, save_checkpoint
-from flops import flops_per_token
-from lstm import LSTM, LSTMConfig
 from model import GPT, GPTConfig
+from support.checkpoint import build_model, load_checkpoint, save_checkpoint
+from support.flops import flops_per_token
+from support.lstm import LSTM, LSTMConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOL = dict(rtol=0, atol=1e-10)
@@ -84,7 +84,7 @@ def data(tmp_path_factory):
     prepare.main(['s5', '--group=Z2', '--n_train=128', '--n_val=8', '--n_test=8', '--train_len=12', '--test_lens=16',
                   f'--out_dir={root}/s5_Z2'])
     src = root / 'input.txt'
-    src.write_text(open(os.path.join(ROOT, 'flops.py')).read() * 4)
+    src.write_text(open(os.path.join(ROOT, 'support', 'flops.py')).read() * 4)
     prepare.main(['text', f'--input={src}', f'--out_dir={root}/text', f'--cache_dir={root}/hf'])
     return str(root)
 

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from checkpoint import smollm2_135m_config
 from model import GPT, GPTConfig, KVCache
 from reference import naive_exact, naive_plain
+from support.checkpoint import smollm2_135m_config
 
 TOL = dict(rtol=0, atol=1e-10)
 TINY = dict(block_size=32, vocab_size=23, n_layer=4, n_head=4, n_kv_head=2, n_embd=32, mlp_hidden=48)
@@ -217,14 +217,14 @@ def test_smollm2_shape_and_param_groups():
     gated = m.param_groups(weight_decay=0.1, rec_lr_mult=100.0, gate_lr_mult=0.1)  # the scalar gates apart
     assert by(gated)[(True, 100.0)] == 5 * d * d and by(gated)[(False, 100.0)] == 2 * d and by(gated)[(False, 10.0)] == 2
     assert len(gated) == len(groups)  # the groups by kind, whatever the multipliers: a run resumes with others
-    from flops import flops_per_token, rec_flops
+    from support.flops import flops_per_token, rec_flops
     assert flops_per_token(c, 512, 'jacobi', 16, 4) > flops_per_token(c, 512, 'plain') * 1.5
     assert rec_flops(c) == 2 * 5 * d * d
 
 
 def test_checkpoint_roundtrip_and_errors(tmp_path):
     from dataclasses import asdict
-    from checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+    from support.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
     m = make(**STYLES[0])
     path = str(tmp_path / 'ckpt.pt')
     save_checkpoint({'model': m.state_dict(), 'model_args': asdict(m.config)}, path)

@@ -1,4 +1,4 @@
-"""tools/official.py against the official code, at a small size (docs/peers.md). Runs when
+"""lab/official.py against the official code, at a small size (docs/peers.md). Runs when
 T2MLR_REPO and LRT_REPO point at local checkouts of princeton-pli/T2MLR and
 OoDBag/Latent_recurrent_transformer, is skipped otherwise:
 
@@ -25,11 +25,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from checkpoint import HF_LLAMA_NAMES
 from model import GPT, GPTConfig, KVCache
+from support.checkpoint import HF_LLAMA_NAMES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TOOL = os.path.join(ROOT, 'tools', 'official.py')
+TOOL = os.path.join(ROOT, 'lab', 'official.py')
 REPOS = [os.environ.get('T2MLR_REPO', ''), os.environ.get('LRT_REPO', '')]
 needs_repos = pytest.mark.skipif(not all(REPOS), reason="T2MLR_REPO and LRT_REPO are not set (local checkouts "
                                  "of princeton-pli/T2MLR and OoDBag/Latent_recurrent_transformer)")

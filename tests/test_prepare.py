@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 
 import configurator
-import corpora
-import dataset
 import prepare
-from dataset import DataError, load_meta, load_split, get_tokenizer
+from support import corpora, dataset
+from support.dataset import DataError, load_meta, load_split, get_tokenizer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PREPARE = os.path.join(REPO, 'prepare.py')
@@ -374,7 +373,7 @@ def test_hub_pipeline_with_fakes(tmp_path, monkeypatch):
 
 def test_hub_offline_is_one_line(tmp_path):
     # the dataset download fails (offline): tiktoken faked so that the Hub step is reached
-    code = ("import corpora, prepare, sys; sys.path.insert(0, 'tests'); from test_prepare import FakeGPT2; "
+    code = ("import prepare, sys; from support import corpora; sys.path.insert(0, 'tests'); from test_prepare import FakeGPT2; "
             "corpora.gpt2_encoding = lambda: FakeGPT2(); prepare.main(sys.argv[1:])")
     for name in ('tinystories', 'fineweb_edu'):
         r = run_cli('-c', code, name, f'--out_dir={tmp_path}/{name}', env={'HF_HOME': str(tmp_path / 'hf')})

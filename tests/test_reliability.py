@@ -24,11 +24,9 @@ import pytest
 import torch
 
 import configurator
-import checkpoint
-import corpora
-import dataset
 import prepare
 from test_train import ROOT, common, params, run
+from support import checkpoint, corpora, dataset
 
 GOOD = ['--max_iters=4', '--eval_interval=2', '--eval_first=False', '--n_iter=3', '--n_grad=2']
 
@@ -351,7 +349,7 @@ def test_one_bool_parser_for_all_scripts():
         with pytest.raises(SystemExit):
             configurator.configure({'compile': False}, ['compile'], [f'--compile={raw}'])
     # prepare.py and bench.py parse with the same function (no parser of their own)
-    for script in ('prepare.py', 'bench.py', 'train.py', 'sample.py', 'lab/evaluate.py', 'compare.py'):
+    for script in ('prepare.py', 'bench.py', 'train.py', 'sample.py', 'lab/evaluate.py', 'lab/compare.py'):
         src = open(os.path.join(ROOT, script)).read()
         assert 'configure(' in src and not any(w in src for w in ('literal_eval', 'def parse_args', 'def set_key')), script
 

@@ -23,14 +23,13 @@ import torch
 pytest.importorskip('transformers')
 from transformers import AutoTokenizer  # noqa: E402
 
-import dataset
-import sft
 import prepare  # noqa: E402
-from checkpoint import load_checkpoint  # noqa: E402
-from dataset import DataError, load_answers, load_meta, load_rec_mask, load_split
-from sft import extract_answer  # noqa: E402
 import lab.evaluate  # noqa: E402
 from lab.evaluate import eval_answers  # noqa: E402
+from support import dataset, sft
+from support.checkpoint import load_checkpoint  # noqa: E402
+from support.dataset import DataError, load_answers, load_meta, load_rec_mask, load_split
+from support.sft import extract_answer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, 'OMP_NUM_THREADS': '1', 'HF_HUB_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1'}

@@ -17,13 +17,12 @@ import numpy as np
 import pytest
 import torch
 
-import dataset
-import tasks
 import prepare
-from checkpoint import save_checkpoint
 from model import GPT, GPTConfig
 from lab.evaluate import eval_split
 from sample import encode_prompt, read_prompt
+from support import dataset, tasks
+from support.checkpoint import save_checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE = os.path.join(REPO, 'sample.py')
@@ -147,7 +146,7 @@ def s3(tmp_path_factory):
 
 @pytest.mark.parametrize('rec', ['t2mlr', 'none'])
 def test_show_labels_s3(s3, rec):
-    from checkpoint import load_checkpoint
+    from support.checkpoint import load_checkpoint
     data, ckpts = s3
     meta = dataset.load_meta(data)
     names, mul = tasks.make_group('S3')
@@ -223,8 +222,8 @@ def test_eval_split(setup):
     assert m, r.stdout
     assert int(m.group(3)) == 12 * 24 and int(m.group(6)) == 12
     # the same numbers computed here, batch by batch vs whole split
-    from checkpoint import load_checkpoint
     from contextlib import nullcontext
+    from support.checkpoint import load_checkpoint
     model, _ = load_checkpoint(str(root / 'ckpt.pt'))
     model.eval()
     x, y = dataset.load_split(data, 'test_24')

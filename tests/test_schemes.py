@@ -129,7 +129,7 @@ def test_block_matches_naive_scheme(kw, C):
 
 @pytest.mark.parametrize('kw', SCHEME_STYLES, ids=SCHEME_IDS)
 def test_block_of_the_whole_row_reads_zero(kw):
-    # one chunk of T tokens: no position reads a state (compare.py's ab6_lrt_nomem control), so
+    # one chunk of T tokens: no position reads a state (lab/compare.py's ab6_lrt_nomem control), so
     # block training is the zero-state forward, and the modules without the memory remain
     m = make(reset_token=0, **kw)
     idx = doc_tokens()
@@ -156,7 +156,7 @@ def test_block_gradients_match_naive_block(kw):
 
 def test_block_flops_hand_count():
     # the TINY model (test_model.py): 4 layers, d=32, 4 heads of 8, 2 KV heads, MLP 48, vocab 23
-    from flops import flops_per_token
+    from support.flops import flops_per_token
     c, T = make(**STYLES[0]).config, 11
     layer = 2 * (32 * 32 + 2 * 32 * 16 + 32 * 32 + 3 * 32 * 48) + 4 * 4 * 8 * T  # q, k+v, o, MLP; QK^T and AV
     head = 2 * 32 * 23
@@ -170,7 +170,7 @@ def test_block_flops_hand_count():
 def test_jacobi_exact_init_flops_hand_count():
     # jacobi_init='exact': the exact loop (every layer once, no head), then the span B+1 times with the
     # layers outside it and the head, forward; backward over the B+1 span passes with gradient
-    from flops import flops_per_token
+    from support.flops import flops_per_token
     c, T = make(jacobi_init='exact', **STYLES[0]).config, 11   # span 1..2 of 0..3
     layer = 2 * (32 * 32 + 2 * 32 * 16 + 32 * 32 + 3 * 32 * 48) + 4 * 4 * 8 * T
     head, fusion = 2 * 32 * 23, 2 * (32 * 32 + 2 * 64 * 32)

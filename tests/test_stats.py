@@ -1,11 +1,17 @@
-"""compare.py's summaries (stats.py): the rank test against hand counts (and scipy where it is
+"""lab/compare.py's summaries (lab/stats.py): the rank test against hand counts (and scipy where it is
 installed), the plateau-escape step and the spike count on made-up curves."""
 
+import importlib.util
 import math
+import os
 
 import pytest
 
-from stats import endpoints, med_range, midranks, rank_test
+# lab/stats.py by its path: lab/ on sys.path would put its scripts (evaluate, memory, ...) there as modules
+_spec = importlib.util.spec_from_file_location('stats', os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'lab', 'stats.py'))
+_stats = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_stats)
+endpoints, med_range, midranks, rank_test = _stats.endpoints, _stats.med_range, _stats.midranks, _stats.rank_test
 
 
 def test_rank_test_by_hand():

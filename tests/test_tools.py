@@ -1,7 +1,7 @@
-"""tools/chain_bursts.py on a tiny checkpoint and dataset made here: it runs, its unshifted
+"""lab/chain_bursts.py on a tiny checkpoint and dataset made here: it runs, its unshifted
 loss is the model's own exact loss on the same rows, it shifts g_rec back after measuring, and
-a non-T2MLR checkpoint is a one-line error. tools/pairs.py on a made-up text.json. tools/replay.py
-on a tiny run: a replay repeats the run, and --freeze_gates holds the gates. tools/pool.py on
+a non-T2MLR checkpoint is a one-line error. lab/pairs.py on a made-up text.json. lab/replay.py
+on a tiny run: a replay repeats the run, and --freeze_gates holds the gates. lab/pool.py on
 made-up results.json files: the pooled medians, counts and rank test, and its one-line errors."""
 
 import dataclasses
@@ -15,12 +15,12 @@ import numpy as np
 import torch
 
 import prepare
-from checkpoint import save_checkpoint
-from dataset import load_meta, load_split
 from model import GPT, GPTConfig
+from support.checkpoint import save_checkpoint
+from support.dataset import load_meta, load_split
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TOOL = os.path.join(REPO, 'tools', 'chain_bursts.py')
+TOOL = os.path.join(REPO, 'lab', 'chain_bursts.py')
 
 
 def make(root, recurrence):
@@ -58,7 +58,7 @@ def test_chain_bursts_rejects_lrt(tmp_path):
 
 
 def test_pairs(tmp_path):
-    # tools/pairs.py: medians and the rank test of two arms from a text.json; /zero picks the mode;
+    # lab/pairs.py: medians and the rank test of two arms from a text.json; /zero picks the mode;
     # an unknown arm or mode is a one-line error
     # several files pool each model's seeds (a seed in two files must be the same run)
     runs = {'a': [{'seed': k, 'test': {'bits': {'exact': 2.0 + s, 'zero': 1.0 + s}}} for k, s in ((1, 0.01), (2, 0.02), (3, 0.03))],
@@ -67,7 +67,7 @@ def test_pairs(tmp_path):
     path.write_text(json.dumps({'runs': runs}))
     part.write_text(json.dumps({'runs': {'a': runs['a'][:1], 'b': runs['b'][1:]}}))
     clash.write_text(json.dumps({'runs': {'b': [{'seed': 2, 'test': {'bits': {'exact': 9.0}}}]}}))
-    tool = os.path.join(REPO, 'tools', 'pairs.py')
+    tool = os.path.join(REPO, 'lab', 'pairs.py')
     for paths in (str(path), f'{part},{path}'):
         r = subprocess.run([sys.executable, tool, paths, 'a:b', 'a/zero:a'], capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
@@ -84,7 +84,7 @@ def test_pairs(tmp_path):
 
 
 def test_replay(tmp_path):
-    # tools/replay.py: resumed from a checkpoint at step 3, a run repeats the uninterrupted run's
+    # lab/replay.py: resumed from a checkpoint at step 3, a run repeats the uninterrupted run's
     # steps 4-6; with --freeze_gates the scalar gates do not move while everything else trains
     prepare.main(['s5', '--group=Z2', '--n_train=64', '--n_val=8', '--n_test=8', '--train_len=8',
                   '--test_lens=12', f'--out_dir={tmp_path / "data" / "parity"}'])
@@ -105,7 +105,7 @@ def test_replay(tmp_path):
         return {r['iter']: r['loss'] for r in recs if r.get('type') == 'train'}
 
     def replay(out, *extra):
-        r = subprocess.run([sys.executable, os.path.join(REPO, 'tools', 'replay.py'), str(tmp_path / 'half' / 'ckpt.pt'),
+        r = subprocess.run([sys.executable, os.path.join(REPO, 'lab', 'replay.py'), str(tmp_path / 'half' / 'ckpt.pt'),
                             str(tmp_path / out), '--max_iters=6', *extra], capture_output=True, text=True, timeout=300, env=env)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
 
@@ -124,7 +124,7 @@ def test_replay(tmp_path):
     assert not any(torch.equal(before[k], load('again')[k]) for k in gates)  # unfrozen, they move
     assert not torch.equal(before['wte.weight'], after['wte.weight'])  # the rest trained
     # a directory that holds a run is refused
-    r = subprocess.run([sys.executable, os.path.join(REPO, 'tools', 'replay.py'), str(tmp_path / 'half' / 'ckpt.pt'),
+    r = subprocess.run([sys.executable, os.path.join(REPO, 'lab', 'replay.py'), str(tmp_path / 'half' / 'ckpt.pt'),
                         str(tmp_path / 'again')], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and 'already holds a run' in r.stderr and 'Traceback' not in r.stderr
 
@@ -140,7 +140,7 @@ def test_pool(tmp_path):
     write('a.json', 'new', [row(1, 1.0, 300, 1e3, 0.0), row(2, 0.5, 500, 2e3, 0.1)])
     write('b.json', 'new', [row(3, 0.95, 400, 3e3, 0.0)])
     write('c.json', 'old', [row(1, 1.0, 600, 1e6, 0.01), row(2, 0.2, 1501, 1e9, 0.3), row(3, 0.99, 700, 1e7, 0.02)])
-    tool = os.path.join(REPO, 'tools', 'pool.py')
+    tool = os.path.join(REPO, 'lab', 'pool.py')
     pool = lambda *a: subprocess.run([sys.executable, tool, *a], capture_output=True, text=True, timeout=60)
     r = pool(f'old=old:{tmp_path / "c.json"}', f'new=new:{tmp_path / "a.json"},{tmp_path / "b.json"}')
     assert r.returncode == 0, r.stderr
@@ -157,7 +157,7 @@ def test_pool(tmp_path):
                       (['x=new:' + str(tmp_path / 'nope.json')], 'no such results.json'), (['new'], 'expected NAME=MODEL')):
         r = pool(*args)
         assert r.returncode != 0 and msg in r.stderr and 'Traceback' not in r.stderr, (args, r.stderr)
-    # a task whose splits are not named by length (varassign: by depth) is read by compare.py's split
+    # a task whose splits are not named by length (varassign: by depth) is read by lab/compare.py's split
     # names; a file without them whose splits are not named by length is refused
     json.dump({'lengths': [70, 94], 'splits': ['test', 'test_6'], 'runs': {'va': [
         {'seed': 1, 'escape': 9, 'curve': {'grad_max': 5.0}, 'eval': {'test_6/em_exact': 0.4, 'val/loss_exact': 1.0}}]}},

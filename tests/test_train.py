@@ -71,7 +71,7 @@ def test_resume_continues_exactly(data, tmp_path):
 
 
 def test_step_stats_spike_guard():
-    from trainutil import StepStats
+    from support.trainutil import StepStats
     st = StepStats(grad_clip=1.0, window=4)
     assert [st.spike(g, 10.0) for g in (1.0, 2.0, 1.0, 3.0)] == [False] * 4  # the window fills first
     assert st.spike(25.0, 10.0) and st.recent == [2.0, 1.0, 3.0, 25.0]     # median of [1, 1, 2, 3] is 2

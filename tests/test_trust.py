@@ -43,12 +43,12 @@ def test_malicious_checkpoint_is_refused_unrun_by_every_reader(world, tmp_path):
         'lab/evaluate.py': in_process('lab/evaluate.py', ['--init_from=' + str(evil), *data, '--start=0 1'], tmp_path),
         'train.py': in_process('train.py', train_args(world, evil.parent, '--init_from=resume'), tmp_path),
     }
-    for name, argv in [('replay.py', [os.path.join(ROOT, 'tools', 'replay.py'), evil, tmp_path / 'replay']),
+    for name, argv in [('lab/replay.py', [os.path.join(ROOT, 'lab', 'replay.py'), evil, tmp_path / 'replay']),
                        ('lab/prefill.py', [os.path.join(ROOT, 'lab', 'prefill.py'), '--quick=True', '--threads=1',
                                            f'--prefill_ckpt={evil}'])]:
         p = script(*argv, cwd=tmp_path)
         results[name] = (p.returncode, p.stdout, p.stderr)
-    from checkpoint import CheckpointError, load_checkpoint, read_checkpoint  # compare.py's readers
+    from support.checkpoint import CheckpointError, load_checkpoint, read_checkpoint  # lab/compare.py's readers
     for read in (read_checkpoint, load_checkpoint):
         with pytest.raises(CheckpointError, match='refused'):
             read(str(evil))
@@ -60,7 +60,7 @@ def test_malicious_checkpoint_is_refused_unrun_by_every_reader(world, tmp_path):
 
 def test_real_checkpoints_still_load(world):
     # the allowlist covers what train.py saves (numpy's RNG state included), and a run resumes from it
-    from checkpoint import read_checkpoint
+    from support.checkpoint import read_checkpoint
     ck = read_checkpoint(str(world / 'run' / 'ckpt.pt'))
     assert ck['rng']['numpy'][1].dtype.name == 'uint32' and ck['iter_num'] == 2
     fixture = torch.load(os.path.join(ROOT, 'tests', 'fixtures', 'fingerprint.pt'), weights_only=True)
@@ -76,7 +76,7 @@ def holder(tmp_path):
     procs = []
 
     def start(folder):
-        code = (f"import sys; sys.path.insert(0, {ROOT!r}); import dataset, time; "
+        code = (f"import sys; sys.path.insert(0, {ROOT!r}); import time; from support import dataset; "
                 f"dataset.lock_folder({str(folder)!r}, 'a test'); print('locked', flush=True); time.sleep(600)")
         os.makedirs(folder, exist_ok=True)
         p = subprocess.Popen([sys.executable, '-c', code], stdout=subprocess.PIPE, text=True)
@@ -90,10 +90,10 @@ def holder(tmp_path):
 
 
 def test_second_writer_is_refused_naming_the_holder(world, tmp_path, holder):
-    import dataset
+    from support import dataset
     run_dir = tmp_path / 'run'
     pid = holder(run_dir)
-    assert dataset.lock_holder(str(run_dir)) == str(pid)  # what compare.py checks before it starts a trainer
+    assert dataset.lock_holder(str(run_dir)) == str(pid)  # what lab/compare.py checks before it starts a trainer
     for extra in ([], ['--overwrite=True'], ['--init_from=resume']):
         code, out, err = in_process('train.py', train_args(world, run_dir, *extra), tmp_path)
         lines = err.strip().splitlines()
@@ -110,10 +110,10 @@ def test_second_writer_is_refused_naming_the_holder(world, tmp_path, holder):
 
 def test_lock_goes_with_its_process(world, tmp_path):
     # a writer killed by kill -9 (no cleanup) leaves no stale lock: the next run starts
-    import dataset
+    from support import dataset
     run_dir = tmp_path / 'run'
     os.makedirs(run_dir)
-    subprocess.run([sys.executable, '-c', f"import sys, os; sys.path.insert(0, {ROOT!r}); import dataset; "
+    subprocess.run([sys.executable, '-c', f"import sys, os; sys.path.insert(0, {ROOT!r}); from support import dataset; "
                     f"dataset.lock_folder({str(run_dir)!r}, 'x'); os.kill(os.getpid(), 9)"])
     assert (run_dir / '.lock').read_text().strip() and dataset.lock_holder(str(run_dir)) is None
     in_process('train.py', train_args(world, run_dir), tmp_path, check=True)
@@ -151,7 +151,7 @@ def test_overwrite_keeps_the_old_run_until_the_new_one_checkpoints(world, tmp_pa
 
 def test_failed_or_interrupted_reprepare_keeps_the_old_dataset(tmp_path):
     import numpy as np
-    from dataset import DataError, load_meta, write_task
+    from support.dataset import DataError, load_meta, write_task
     out = str(tmp_path / 'toy')
     (tmp_path / 'toy').mkdir()
     (tmp_path / 'toy' / 'notes.txt').write_text('mine')  # not a dataset file: never moved or removed
@@ -213,8 +213,8 @@ def deny(monkeypatch, path, mode):
 
 
 def test_full_disk_at_save_is_one_line_and_leaves_a_restartable_folder(world, tmp_path, monkeypatch):
-    import checkpoint
-    from dataset import DataError
+    from support import checkpoint
+    from support.dataset import DataError
 
     def full(*a, **k):
         raise RuntimeError('[enforce fail at inline_container.cc:664] . unexpected pos 4480 vs 4388')
@@ -254,7 +254,7 @@ def test_read_only_out_dir_fails_at_start(world, tmp_path, monkeypatch):
 def test_unreadable_data_is_one_line_not_never_prepared(world, tmp_path, monkeypatch):
     import shutil
     import numpy as np
-    from dataset import DataError, load_meta, load_split
+    from support.dataset import DataError, load_meta, load_split
     d = tmp_path / 's5_Z2'
     shutil.copytree(world / 'data' / 's5_Z2', d)
     deny(monkeypatch, d, os.R_OK)

@@ -16,12 +16,12 @@ try:
 except ImportError:
     HAVE_MPL = False
 
-import dataset
 import prepare
 import reference as ref
-from checkpoint import save_checkpoint
 from model import GPT, GPTConfig
-from diagnostics import trace_values
+from support import dataset
+from support.checkpoint import save_checkpoint
+from support.diagnostics import trace_values
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, 'OMP_NUM_THREADS': '1'}
@@ -111,7 +111,7 @@ def test_identity_init_reliance_gap_is_exactly_zero(recurrence, kw):
 
 @pytest.mark.parametrize('recurrence', ['t2mlr', 'lrt'])
 def test_watching_changes_nothing(recurrence):
-    from diagnostics import values, watch
+    from support.diagnostics import values, watch
     model = tiny(recurrence, dtype=torch.float32)
     idx = torch.randint(5, (2, 7), generator=torch.Generator().manual_seed(6))
     want = model(idx, mode='exact')[0]
@@ -252,7 +252,7 @@ def test_trace_cli_json(parity, ckpts, tmp_path):
     assert got['recurrence'] == 't2mlr' and len(cols['pos']) == 8
     assert os.path.isfile(tmp_path / 'tr.png') or not HAVE_MPL  # the plot needs the optional matplotlib
     # the JSON holds what the float64 recomputation gives (the model ran in float32)
-    from checkpoint import load_checkpoint
+    from support.checkpoint import load_checkpoint
     model, _ = load_checkpoint(str(ckpts / 't2mlr.pt'))
     model = model.double().eval()
     ids = torch.tensor(cols['token'])
@@ -285,7 +285,7 @@ def test_trace_bad_input_is_one_line(tmp_path, capsys):
 def test_gate_statistics_of_a_huge_state_are_finite():
     # a state of about 1e22 (an exploding run whose loss still improves) overflowed a float32
     # norm to inf, which train.py took for a diverged loss; the statistics are float64 now
-    from diagnostics import gate_stats
+    from support.diagnostics import gate_stats
     model = tiny('t2mlr', dtype=torch.float32)
     with torch.no_grad():
         model.wte.weight.mul_(1e23)
@@ -318,7 +318,7 @@ def test_train_logs_the_step_statistics(parity, tmp_path):
 def test_clamp_occupancy(bounds, at_min, at_max):
     """A scale pinned high (every state's RMS far above 1: the lower bound of clamp(1/rms, min, max)
     is what binds when m is too large, so it counts as 'at min'), pinned low, or never clamped."""
-    from diagnostics import gate_stats
+    from support.diagnostics import gate_stats
     model = tiny('t2mlr', rec_scale_min=bounds[0], rec_scale_max=bounds[1])
     x = torch.randint(0, 5, (3, 10), generator=torch.Generator().manual_seed(0))
     g = gate_stats(model, x)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU smoke check of this repo (~8 min on one H200; each section has a time cap): run from the repo root.
-# The updated copy of ../shared/gpu_check.sh for this version's layout (checkpoint.py, corpora.py, the
+# The updated copy of ../shared/gpu_check.sh for this version's layout (support/checkpoint.py, support/corpora.py, the
 # static KV buffers, recompute, the 135M configs' batch). Logs: $OUT or /tmp/gpu_check. C135=True compiles the 135M runs.
 set -uo pipefail; export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=8; PY=${PYTHON:-python3}; L=${OUT:-/tmp/gpu_check}; D=$L/data; mkdir -p "$D"
 $PY -c 'import torch, numpy, pytest' 2>/dev/null || $PY -m pip install -q torch numpy pytest || exit 1
@@ -53,7 +53,7 @@ TORCH_LOGS=cudagraphs timeout -k 10 40 $PY lab/prefill.py --device=cuda --compil
 timeout -k 10 30 $PY lab/memory.py --device=cuda --out="$L/memory.json" >> "$L/bench.log" 2>&1
 grep -v '^{' "$L/bench.log" | grep -v -i "cudagraph\|warn" | tail -48; echo "  'skipping cudagraphs' lines: $(grep -c 'skipping cudagraphs' "$L/bench.log")"
 sec "5. 135M configs through train.py on synthetic GPT-2-vocab tokens, batch 4 x 2048, compile=${C135:-False}"
-$PY -c "import sys, os, numpy as np; from corpora import write_token_meta as w; d, n, r = sys.argv[1], {'train': 20_000_000, 'val': 500_000}, np.random.default_rng(0)
+$PY -c "import sys, os, numpy as np; from support.corpora import write_token_meta as w; d, n, r = sys.argv[1], {'train': 20_000_000, 'val': 500_000}, np.random.default_rng(0)
 os.makedirs(d, exist_ok=True); [(lambda a: (a.__setitem__(slice(None, None, 1000), 50256), a.tofile(f'{d}/{s}.bin')))(r.integers(0, 50256, n[s], dtype=np.uint16)) for s in n]
 w(d, 'fineweb_edu', {s: (n[s], 4 * n[s]) for s in n}, 'gpt2', 50257, None, {})" "$D/fineweb_edu"
 run135() {  # config, timeout, steps -> last log line, peak memory, wall time incl. the final eval + save

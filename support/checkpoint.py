@@ -24,10 +24,10 @@ import sys
 import numpy as np
 import torch
 
-import dataset
 from configurator import fail
-from lstm import LSTM, LSTMConfig
 from model import GPT, GPTConfig
+from support import dataset
+from support.lstm import LSTM, LSTMConfig
 
 
 class CheckpointError(ValueError):
@@ -316,7 +316,7 @@ def from_pretrained(name_or_path, dtype=torch.float32, **overrides):
 def to_hf_llama(model):
     """The backbone of a GPT (no recurrence parameters) as a transformers LlamaForCausalLM with the
     same weights, in the model's dtype and device: the export of HF_LLAMA_NAMES. lab/hf_peer.py times
-    it as a peer; tools/official.py wraps it in the official T2MLR code. Needs transformers."""
+    it as a peer; lab/official.py wraps it in the official T2MLR code. Needs transformers."""
     from transformers import LlamaConfig, LlamaForCausalLM
     c = model.config
     if not c.rope or c.attn_window:

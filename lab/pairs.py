@@ -3,8 +3,8 @@ Rank tests between arms of a language-modelling comparison: compare.py writes te
 run's test bits per character under each mode); this prints, per pair of arms, the median
 [min, max] of each and the two-sided exact Mann-Whitney p (stats.rank_test) on those bits.
 
-$ python tools/pairs.py docs/ablations/stdlib6/text.json ab6_t2mlr_mid:ab6_t2mlr_full ab6_lrt_nomem/zero:ab6_plain
-$ python tools/pairs.py a/text.json,b/text.json ab6_lrt_exact:ab6_lrt
+$ python lab/pairs.py docs/ablations/stdlib6/text.json ab6_t2mlr_mid:ab6_t2mlr_full ab6_lrt_nomem/zero:ab6_plain
+$ python lab/pairs.py a/text.json,b/text.json ab6_lrt_exact:ab6_lrt
 
 Several files (comma-separated) pool each model's seeds: runs made in different sessions, with
 the same arithmetic. A seed found in two files must be the same run (the same bits), else it is
@@ -18,8 +18,7 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from stats import med_range, rank_test  # noqa: E402
+from stats import med_range, rank_test  # lab/stats.py, beside this script
 
 
 def bits(runs, arm):

@@ -9,7 +9,7 @@ fixed weights:
   2. the exact validation loss with the scalar gates g_rec and g_cur shifted by a few hundredths:
      how far an optimizer step on g_rec may go before the model breaks.
 
-$ python tools/chain_bursts.py out/recipe_Z2/t2mlr_full_w32_S32_s9/best.pt [more checkpoints] [--batches=100]
+$ python lab/chain_bursts.py out/recipe_Z2/t2mlr_full_w32_S32_s9/best.pt [more checkpoints] [--batches=100]
 """
 
 import os
@@ -19,15 +19,15 @@ import types
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from checkpoint import CheckpointError, load_checkpoint  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root: its modules are top level
 from configurator import fail  # noqa: E402
-from dataset import DataError, load_meta, load_split  # noqa: E402
+from support.checkpoint import CheckpointError, load_checkpoint  # noqa: E402
+from support.dataset import DataError, load_meta, load_split  # noqa: E402
 
 paths = [a for a in sys.argv[1:] if not a.startswith('--')]
 n_batches = int(next((a.split('=')[1] for a in sys.argv[1:] if a.startswith('--batches=')), 100))
 if not paths:
-    fail("usage: python tools/chain_bursts.py CKPT.pt [CKPT.pt ...] [--batches=100] (T2MLR checkpoints)")
+    fail("usage: python lab/chain_bursts.py CKPT.pt [CKPT.pt ...] [--batches=100] (T2MLR checkpoints)")
 
 
 def cut_every(model, k):

@@ -14,10 +14,10 @@ from dataclasses import asdict, fields
 import numpy as np
 import torch
 
-from checks import check_scheme
 from configurator import fail
-from dataset import load_rec_mask, load_split
 from model import GPTConfig
+from support.checks import check_scheme
+from support.dataset import load_rec_mask, load_split
 
 # -----------------------------------------------------------------------------
 # start-up checks: each bad setting ends the run with one line (exit 2) before any work
@@ -94,7 +94,7 @@ def check_config(c):
     import importlib.util
     if c.wandb_log and importlib.util.find_spec('wandb') is None:  # not at the first log, minutes in
         fail("wandb_log=True but wandb is not installed (pip install wandb, or --wandb_log=False)")
-    from dataset import missing_folder
+    from support.dataset import missing_folder
     if c.init_from not in ('scratch', 'resume') and missing_folder(c.init_from):  # not a Hub download that fails
         fail(f"init_from={c.init_from}: no such folder (a local path; a Hugging Face name is owner/name)")
     if os.path.exists(c.out_dir) and not os.path.isdir(c.out_dir):
@@ -387,8 +387,8 @@ class Batches:
 def init_model(init_from, arch, model_args, meta, dataset, ckpt_path, master):
     """-> (model, the checkpoint to resume or None, the model args that run, the pretrained model
     a retrofit started from or None). Every mismatch between the data and the model: one line."""
-    from checkpoint import CheckpointError, build_model, from_pretrained, load_checkpoint
-    from dataset import check_hub, data_changes, data_fingerprint
+    from support.checkpoint import CheckpointError, build_model, from_pretrained, load_checkpoint
+    from support.dataset import check_hub, data_changes, data_fingerprint
     ckpt, pretrained = None, None
     try:
         if init_from == 'scratch':
@@ -480,7 +480,7 @@ def set_aside_previous_run(out_dir):
     """overwrite=True, once every check has passed: the old run's files move aside (dataset.move_aside),
     to be deleted at the new run's first checkpoint (drop_aside), or put back if the new run ends
     before it (restore_previous_run). -> where they are, or None."""
-    from dataset import move_aside
+    from support.dataset import move_aside
     aside = move_aside(out_dir, RUN_FILES)
     if aside:
         print(f"note: overwrite=True: the previous run's files are in {aside} until this run's first checkpoint")
@@ -489,7 +489,7 @@ def set_aside_previous_run(out_dir):
 
 def drop_previous_run(aside):
     """This run's first checkpoint has landed: the old run moved aside goes. -> None"""
-    from dataset import drop_aside
+    from support.dataset import drop_aside
     if aside:
         gone = [f for f in RUN_FILES if os.path.isfile(os.path.join(aside, f))]
         drop_aside(aside)
@@ -498,7 +498,7 @@ def drop_previous_run(aside):
 
 def restore_previous_run(aside):
     """The new run ended (failed, diverged, stopped) before its first checkpoint: the old one is back."""
-    from dataset import put_back
+    from support.dataset import put_back
     if aside:
         put_back(aside, RUN_FILES)
         print(f"note: no checkpoint of the new run: the previous run is back in {os.path.dirname(aside)}", file=sys.stderr)
@@ -534,8 +534,8 @@ def init_processes(device, ddp_timeout, gradient_accumulation_steps):
 def make_out_dir(out_dir, ckpt_path, best_path):
     """The run's folder (rank 0), locked for this process (one run per folder: another writer is
     refused, naming its PID), and the temp files of saves killed mid-write (kill -9, OOM) gone."""
-    from checkpoint import remove_stale_tmp
-    from dataset import lock_folder, stale_asides
+    from support.checkpoint import remove_stale_tmp
+    from support.dataset import lock_folder, stale_asides
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:  # a path through a file, no permission

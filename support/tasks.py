@@ -14,7 +14,7 @@ import string
 import numpy as np
 
 from configurator import fail
-from dataset import DATA_DIR, DataError, parse_lens, task_sizes, write_task
+from support.dataset import DATA_DIR, DataError, parse_lens, task_sizes, write_task
 
 # A row is one training or test sequence. Longer ones are no task a model here trains on, and
 # a chunk of 4096 of them would not fit in memory (1e7 tokens a row: hours, then out of memory)

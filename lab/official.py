@@ -8,8 +8,8 @@ Our model next to the official code, in one process on one thread (docs/peers.md
   LRT    OoDBag/Latent_recurrent_transformer's nanochat GPT at our shape. Its backbone differs
          (QK norm, relu^2, softcap, weightless norms), so only the time compares.
 
-    python tools/official.py --t2mlr_repo=PATH --lrt_repo=PATH
-    T2MLR_REPO=PATH LRT_REPO=PATH python tools/official.py --seq_len=32 --reps=3
+    python lab/official.py --t2mlr_repo=PATH --lrt_repo=PATH
+    T2MLR_REPO=PATH LRT_REPO=PATH python lab/official.py --seq_len=32 --reps=3
 
 Both repos are local checkouts; nothing is downloaded. Workarounds applied here, in-process: the
 T2MLR release imports components.t2mlr_utils, which it does not ship (the code is in
@@ -38,7 +38,7 @@ import types
 import warnings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+sys.path.insert(0, ROOT)  # the repo root: its modules are top level
 from configurator import configure, fail  # noqa: E402
 
 # -----------------------------------------------------------------------------
@@ -88,9 +88,9 @@ def check_config():
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from checkpoint import HF_LLAMA_NAMES, to_hf_llama  # noqa: E402
-from diagnostics import activation_bytes  # noqa: E402
 from model import GPT, GPTConfig, KVCache  # noqa: E402
+from support.checkpoint import HF_LLAMA_NAMES, to_hf_llama  # noqa: E402
+from support.diagnostics import activation_bytes  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # the official code, with the workarounds

@@ -1,7 +1,7 @@
 """
 FLOPs per token of one training step (or one forward), counting every extra pass a scheme
 makes: the cost model of docs/DESIGN.md 6 and 7. train.py reports MFU with it, bench.py sets
-its predicted ratios next to the measured ones, compare.py gives the plain model the extra
+its predicted ratios next to the measured ones, lab/compare.py gives the plain model the extra
 steps its cheaper step buys at equal compute. 2 FLOPs per multiply-accumulate.
 """
 

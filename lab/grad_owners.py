@@ -3,7 +3,7 @@ Which parameter owns the gradient norm of a trained model (docs/recipe.md): for 
 40 training batches of 32 rows through the run's own training scheme, the total gradient norm
 before clipping (median and largest) and, per batch, the parameter with the largest gradient.
 
-$ python tools/grad_owners.py out/recipe_Z2/t2mlr_full_w32_s1 out/recipe_Z2/t2mlr_full_w32_S32_s1
+$ python lab/grad_owners.py out/recipe_Z2/t2mlr_full_w32_s1 out/recipe_Z2/t2mlr_full_w32_S32_s1
 """
 
 import os
@@ -12,13 +12,13 @@ import sys
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from checkpoint import CheckpointError, load_checkpoint  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root: its modules are top level
 from configurator import fail  # noqa: E402
-from dataset import DataError, load_meta, load_split  # noqa: E402
+from support.checkpoint import CheckpointError, load_checkpoint  # noqa: E402
+from support.dataset import DataError, load_meta, load_split  # noqa: E402
 
 if len(sys.argv) < 2:
-    fail("usage: python tools/grad_owners.py RUN_DIR [RUN_DIR ...] (folders holding a ckpt.pt)")
+    fail("usage: python lab/grad_owners.py RUN_DIR [RUN_DIR ...] (folders holding a ckpt.pt)")
 for run in sys.argv[1:]:
     try:
         model, ck = load_checkpoint(os.path.join(run, 'ckpt.pt'))

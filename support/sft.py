@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 
-from dataset import DATA_DIR, AtomicFile, DataError, begin_dataset, check_hub, dtype_for, hf_tokenizer, short, write_meta
+from support.dataset import DATA_DIR, AtomicFile, DataError, begin_dataset, check_hub, dtype_for, hf_tokenizer, short, write_meta
 
 # prompt/response data for fine-tuning a pretrained model (retrofit): jsonl, gsm8k
 #

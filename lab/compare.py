@@ -3,7 +3,7 @@ The evidence: the plain GPT against T2MLR and LRT on a state-tracking task, at t
 same backbone size, trained on lengths 1..32 and judged with the EXACT recurrence
 (what generation computes) at 32 and at longer, unseen lengths.
 
-$ python prepare.py s5 --group=Z2 && python compare.py
+$ python prepare.py s5 --group=Z2 && python lab/compare.py
 
 Runs train.py once per (model, seed), one after another, each in its own out_dir
 under out_dir/, then writes out_dir/results.md, out_dir/results.json and
@@ -12,23 +12,23 @@ statistics each run logs during training (train.py's gate_interval), i.e. how th
 recurrence switches on from identity. A run whose final evaluation is already in its
 log is not run again, so an interrupted comparison picks up where it stopped.
 
-$ python prepare.py s5 --group=S3 && python compare.py --dataset=s5_S3 --curve_interval=250 \
+$ python prepare.py s5 --group=S3 && python lab/compare.py --dataset=s5_S3 --curve_interval=250 \
       --out_dir=out/compare_S3 --results_dir=docs/evidence/s5_S3
 
 also evaluates every 250 steps (on fewer rows) and draws curves.png, the exact-recurrence
 loss and exact match against training steps, and writes the tables and plots to
 results_dir instead of out_dir (the runs themselves stay in out_dir).
 
-$ python prepare.py stdlib_char && python compare.py --dataset=stdlib_char --seeds=1,2,3 \
+$ python prepare.py stdlib_char && python lab/compare.py --dataset=stdlib_char --seeds=1,2,3 \
       --models=stdlib_plain,stdlib_t2mlr,stdlib_lrt,stdlib_plain@stdlib_t2mlr,stdlib_plain@stdlib_lrt
 
 language modelling (a token corpus): each config's own max_iters (equal steps), and a model
-named A@B trains A for as many steps as cost B's training FLOPs (flops.py: equal compute; B is
+named A@B trains A for as many steps as cost B's training FLOPs (support/flops.py: equal compute; B is
 trained first). The table: bits per character of the held-out test files, read whole, under the
 exact recurrence, the training approximation and the zero state; step time and FLOPs; and
 text.png, test bits per character against steps and against training FLOPs.
 
-$ python compare.py --models=... --reliance=True
+$ python lab/compare.py --models=... --reliance=True
 
 trains nothing: it loads every finished run's checkpoint and writes
 out_dir/reliance.md/.json, the loss, token accuracy and exact match on the test split
@@ -44,8 +44,9 @@ import subprocess
 import sys
 import time
 
-from configurator import check_out_folder, configure, fail, parse_value, read_config
-from stats import endpoints, med_range, rank_test
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root: its modules are top level
+from configurator import check_out_folder, configure, fail, parse_value, read_config  # noqa: E402
+from stats import endpoints, med_range, rank_test  # noqa: E402  (lab/stats.py, beside this script)
 
 # -----------------------------------------------------------------------------
 out_dir = 'out/compare'
@@ -174,7 +175,7 @@ MODELS = {
     't2mlr_w32_D32_B4': [*T2_JACOBI, '--n_iter=32', '--n_grad=4', '--attn_window=32'],
     't2mlr_w32_D32_lr1e3': [*T2_JACOBI, '--n_iter=32', '--n_grad=1', '--attn_window=32',
                             '--learning_rate=1e-3', '--min_lr=1e-4', '--warmup_iters=75'],
-    # the LSTM baseline (lstm.py): 4 layers, hidden 81, the parameters of the 4-layer d=64 GPT;
+    # the LSTM baseline (support/lstm.py): 4 layers, hidden 81, the parameters of the 4-layer d=64 GPT;
     # no attention, so no _w32 variant
     'lstm': ['config/s3_lstm.py'],
     # its learning rate (the config's is 1e-2; the official recipe's LSTM trains at 10x its transformer's)
@@ -217,7 +218,7 @@ MODELS.update({
     # judged by its zero-state bits (its exact column reads a memory it never trained on)
     'ab6_lrt_nomem': [*LRT_AB6, '--rec_end=3', '--train_mode=block', '--block_len=128'],
 })
-here = os.path.dirname(os.path.abspath(__file__))
+here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo root: train.py and config/, from any cwd
 rd = results_dir or out_dir
 for _k, _d in (('out_dir', out_dir), ('results_dir', rd)):  # not after hours of training
     check_out_folder(_k, _d)
@@ -301,7 +302,7 @@ def run(name, seed):
     if owner and alive(owner):
         fail(f"{run_dir} is being trained now by process {owner} (another compare.py with this "
              f"--out_dir?): wait for it, or stop it; delete {lock} if no such process is training it")
-    from dataset import lock_holder
+    from support.dataset import lock_holder
     holder = lock_holder(run_dir)  # train.py's own lock: a trainer still running there (its compare.py killed?)
     if holder:
         fail(f"{run_dir} is being trained now by process {holder}: wait for it, or stop it")
@@ -426,10 +427,10 @@ def plot_depth(plt):
 
 
 def flops_of(name):
-    """The model's FLOPs per trained token under its scheme (flops.py), from the first seed's
+    """The model's FLOPs per trained token under its scheme (support/flops.py), from the first seed's
     checkpoint config and the scheme arguments of its command."""
-    from checkpoint import CheckpointError, model_config, read_checkpoint
-    from flops import flops_per_token
+    from support.checkpoint import CheckpointError, model_config, read_checkpoint
+    from support.flops import flops_per_token
     try:
         ck = read_checkpoint(os.path.join(out_dir, f'{name}_s{seed_list[0]}', 'ckpt.pt'))  # weights_only: runs no code
     except CheckpointError as e:
@@ -452,7 +453,7 @@ def provenance():
                                 text=True).stdout.strip()
     except OSError:
         commit = ''
-    return f"commit {commit or '?'}; `python compare.py {' '.join(sys.argv[1:])}`"
+    return f"commit {commit or '?'}; `python lab/compare.py {' '.join(sys.argv[1:])}`"
 
 
 def plot_gates():
@@ -506,9 +507,9 @@ def plot_gates():
 def reliance_table():
     """Exact vs zero-state loss, accuracy and EM on the test split at the training length, from
     the runs' checkpoints. -> (markdown table, {name: [per-seed dicts]})."""
-    from checkpoint import CheckpointError, load_checkpoint
-    from dataset import load_meta, load_rec_mask, load_split
-    from diagnostics import task_accuracy
+    from support.checkpoint import CheckpointError, load_checkpoint
+    from support.dataset import load_meta, load_rec_mask, load_split
+    from support.diagnostics import task_accuracy
     data_dir = os.path.join(data_root, dataset)
     meta = load_meta(data_dir)
     split = min((s for s in meta['splits'] if s.startswith('test')), key=lambda s: meta['splits'][s]['len'])
@@ -553,9 +554,9 @@ def text_report(results):
     approximation and the zero state; median [min, max] over seeds; the plain model's seed spread
     (the noise floor); step time and FLOPs. Writes text.md, text.json and text.png (test bits
     per character against training steps and against training FLOPs)."""
-    from checkpoint import load_checkpoint
-    from dataset import load_split
-    from diagnostics import corpus_loss, eval_modes
+    from support.checkpoint import load_checkpoint
+    from support.dataset import load_split
+    from support.diagnostics import corpus_loss, eval_modes
     test = load_split(os.path.join(data_root, dataset), 'test', meta)
     ln2 = math.log(2)
     for name in names:
@@ -626,7 +627,7 @@ def text_report(results):
             axes[0].plot(steps, bpc, color=f'C{k}', marker='.', label=name if j == 0 else None)
             axes[1].plot([s * per_step for s in steps], bpc, color=f'C{k}', marker='.', label=name if j == 0 else None)
     axes[0].set_xlabel('training step')
-    axes[1].set_xlabel('training compute (PFLOP, flops.py)')
+    axes[1].set_xlabel('training compute (PFLOP, support/flops.py)')
     axes[0].set_ylabel('test bits per character (exact recurrence)')
     for ax in axes:
         ax.legend(fontsize=7)

@@ -10,8 +10,8 @@ import sys
 
 import numpy as np
 
-from dataset import (DATA_DIR, GPT2_EOT, AtomicFile, DataError, begin_dataset, check_hub, dtype_for, gpt2_encoding,
-                     short, write_meta)
+from support.dataset import (DATA_DIR, GPT2_EOT, AtomicFile, DataError, begin_dataset, check_hub, dtype_for, gpt2_encoding,
+                             short, write_meta)
 
 SHARD_TOKENS = 1 << 24  # token corpora are appended to their .bin in shards of this many tokens
 

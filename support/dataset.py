@@ -313,7 +313,7 @@ def hf_tokenizer(name):
 
 
 # -----------------------------------------------------------------------------
-# one writer per folder: train.py on its out_dir, prepare.py on its dataset (compare.py's
+# one writer per folder: train.py on its out_dir, prepare.py on its dataset (lab/compare.py's
 # children are train.py). An OS lock, not a marker file: the kernel drops it when the process
 # ends however it ends (kill -9 too), so a crash never leaves a stale lock behind.
 

@@ -5,7 +5,7 @@ the data generator and the spike guard's memory, so on the same machine with the
 count the resumed run repeats the original step for step, and a change made at the resume point
 is an intervention on that one trajectory.
 
-$ python tools/replay.py CKPT OUT_DIR [--freeze_gates] [--key=value ...]
+$ python lab/replay.py CKPT OUT_DIR [--freeze_gates] [--key=value ...]
 
 CKPT: a run's ckpt.pt or best.pt. OUT_DIR: a new directory for the replay (its ckpt.pt, best.pt,
 log.jsonl). --freeze_gates: T2MLR's scalar gates g_cur, g_rec get learning rate 0 from the resume
@@ -19,15 +19,15 @@ import sys
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from checkpoint import CheckpointError, read_checkpoint  # noqa: E402
+sys.path.insert(0, ROOT)  # the repo root: its modules are top level
 from configurator import fail  # noqa: E402
+from support.checkpoint import CheckpointError, read_checkpoint  # noqa: E402
 
 args = sys.argv[1:]
 paths = [a for a in args if not a.startswith('--')]
 overrides = [a for a in args if a.startswith('--') and a != '--freeze_gates']
 if len(paths) != 2:
-    fail("usage: python tools/replay.py CKPT OUT_DIR [--freeze_gates] [--key=value ...]")
+    fail("usage: python lab/replay.py CKPT OUT_DIR [--freeze_gates] [--key=value ...]")
 src, out_dir = paths
 try:
     ckpt = read_checkpoint(src)  # weights_only: a crafted file is refused before it runs anything

@@ -3,7 +3,7 @@ Pool the runs of one arm that compare.py tabulated in several results.json files
 different sessions, with the same arithmetic), and test the pool against another arm's pool:
 docs/recipe.md's ten-seed rows whose seeds were run in two batches.
 
-$ python tools/pool.py NAME=MODEL:RESULTS.json[,RESULTS.json...][@SEEDS] [NAME=...]
+$ python lab/pool.py NAME=MODEL:RESULTS.json[,RESULTS.json...][@SEEDS] [NAME=...]
 
 Each argument is one arm: a label, compare.py's model name in those files, the files, and
 optionally which seeds to keep (e.g. @1,2,3; default every seed, a seed found twice is an error).
@@ -16,9 +16,9 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root: its modules are top level
 from configurator import fail  # noqa: E402
-from stats import med_range, rank_test  # noqa: E402
+from stats import med_range, rank_test  # noqa: E402  (lab/stats.py, beside this script)
 
 
 def load(arg):

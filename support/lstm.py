@@ -1,7 +1,7 @@
 """
 The LSTM baseline: the recurrent network the T2MLR paper sets against T2MLR on S5-Retrieval
 (DESIGN.md 10: "Transformer and LSTM fail"), built as the official code builds it, and trained,
-evaluated and sampled through the same train.py, compare.py, lab/evaluate.py and sample.py as the GPT
+evaluated and sampled through the same train.py, lab/compare.py, lab/evaluate.py and sample.py as the GPT
 (train.py --arch=lstm: n_layer and n_embd are its layers and its hidden size).
 
 The official model: princeton-pli/T2MLR at 4510e81, src/modeling/rnnlm.py (RNNLMForCausalLM):
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from checks import check_fits, check_scheme
 from model import GPT, ce_loss
+from support.checks import check_fits, check_scheme
 
 
 @dataclass

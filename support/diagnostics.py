@@ -1,5 +1,5 @@
 """
-Watching a model: what train.py, lab/evaluate.py and compare.py measure besides the loss. Nothing
+Watching a model: what train.py, lab/evaluate.py and lab/compare.py measure besides the loss. Nothing
 here changes what the model computes: the recurrence is observed through forward hooks.
 
   watch(model)          a context: forward hooks keep the state each token reads and the gates
@@ -7,7 +7,7 @@ here changes what the model computes: the recurrence is observed through forward
   trace_values(...)     per position of one input: state, gates, exact and zero-state predictions
   task_accuracy(...)    teacher-forced token accuracy and exact match on labelled task rows
   jacobi_profile(...)   how fast Jacobi iterations reach the exact states of a trained model
-  activation_bytes(fn)  the bytes autograd saves for backward while fn() runs (lab/memory.py, tools/official.py)
+  activation_bytes(fn)  the bytes autograd saves for backward while fn() runs (lab/memory.py, lab/official.py)
 """
 
 import math
@@ -359,7 +359,7 @@ def plot_jacobi_profile(profiles, path, T):
     fig.savefig(path, dpi=120)
 
 # -----------------------------------------------------------------------------
-# a token corpus, read whole (lab/evaluate.py --eval_split on text, compare.py's text table)
+# a token corpus, read whole (lab/evaluate.py --eval_split on text, lab/compare.py's text table)
 
 @torch.no_grad()
 def corpus_loss(model, data, T, mode='exact', batch_size=32, max_windows=0, ctx=nullcontext(), **scheme):
