@@ -98,12 +98,18 @@ def parse_value(raw):
         return raw  # a bare string such as --dataset=s5_Z2
 
 
-def configure(g, keys, argv=None, doc=None):
+def configure(g, keys, argv=None, doc=None, more=None):
     """g: the script's globals (or a dict of defaults); keys: the names that are config.
-    Applies config files and --key=value overrides from argv (default sys.argv[1:]) in order.
-    -h/--help prints doc and every key with its default. -> the set of keys that were set."""
+    more: further settings {name: default} the script also takes, set in that dict (train.py:
+    GPTConfig's fields, dataclass_defaults). Applies config files and --key=value overrides from
+    argv (default sys.argv[1:]) in order. -h/--help prints doc and every key with its default.
+    -> the set of keys that were set."""
     argv = sys.argv[1:] if argv is None else argv
     keys, given = set(keys), set()
+    if more:
+        overlap = keys & set(more)
+        assert not overlap, f"settings declared twice: {sorted(overlap)}"  # one default per setting
+        g, keys = _Both(g, more), keys | set(more)
     if any(a in ('-h', '--help') for a in argv):
         print((doc or '').strip())
         print("\nsettings (--key=value; defaults):\n" + "\n".join(f"  --{k}={g[k]!r}" for k in sorted(keys)))
@@ -129,6 +135,27 @@ def configure(g, keys, argv=None, doc=None):
             g[key] = _check(key, val, g[key], f"--{key}")
             given.add(key)
     return given
+
+
+class _Both(dict):
+    """The script's settings and `more`, read and written as one mapping (configure)."""
+
+    def __init__(self, g, more):
+        super().__init__()
+        self.g, self.more = g, more
+
+    def __getitem__(self, k):
+        return self.more[k] if k in self.more else self.g[k]
+
+    def __setitem__(self, k, v):
+        (self.more if k in self.more else self.g)[k] = v
+
+
+def dataclass_defaults(cls, leave_out=()):
+    """{field: default} of a dataclass (GPTConfig): settings a script takes by name, with the
+    dataclass's own defaults and types (Optional fields, default None, take any value)."""
+    from dataclasses import fields
+    return {f.name: f.default for f in fields(cls) if f.name not in leave_out}
 
 
 def autocast(device_type, dtype):

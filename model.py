@@ -33,10 +33,10 @@ class GPTConfig:
     block_size: int = 1024      # max sequence length (RoPE table size; caps prompt + generated tokens)
     vocab_size: int = 50304     # the tokens that exist: logits and loss cover exactly these
     vocab_pad: int = 1          # rows rounded up to a multiple of this (128: fast LM head); never sampled or in the loss
-    n_layer: int = 12
-    n_head: int = 12
-    n_kv_head: int = 12         # < n_head: grouped-query attention
-    n_embd: int = 768
+    n_layer: int = 4            # the defaults: the small model of config/*_small.py (train.py's)
+    n_head: int = 4
+    n_kv_head: int = 4          # < n_head: grouped-query attention
+    n_embd: int = 64
     mlp_hidden: int = 0         # SwiGLU hidden width; 0 = 8/3 * n_embd rounded up to 64
     rope_theta: float = 10000.0
     rope: bool = True           # False: no positional encoding at all (NoPE; the official S5-Retrieval recipe)
@@ -51,7 +51,7 @@ class GPTConfig:
     # T2MLR options (DESIGN.md 3)
     rec_residual: bool = True   # m_t = h^(e)_t + R_{t-1} (else m_t = h^(e)_t)
     rec_proj: bool = True       # r = W_rec R (else r = R)
-    rec_gate_gain: float = 1.0  # xavier gain of f_cur/f_rec (1e-2 for fine-tuning)
+    rec_gate_gain: float = 1.0  # xavier gain of f_cur/f_rec (a retrofit's: 1e-2, from_pretrained)
     rec_gate_init: float = 0.0  # g_rec at init: 0 = Phi is the identity (official; a retrofit needs it)
     rec_residual_detach: bool = False  # m_t = h^(e)_t + sg(R_{t-1}): no gradient through the residual (official option)
     rec_scale_min: float = 0.2  # the bounds of the state's RMS scale, clamp(1/rms(m_t), min, max) (official: 1/5, 5)

@@ -20,7 +20,6 @@ import math
 import os
 import random
 import signal
-import sys
 import time
 from contextlib import nullcontext
 from dataclasses import asdict
@@ -31,125 +30,86 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from configurator import compile_errors, configure, device_setup, fail
+from configurator import compile_errors, configure, dataclass_defaults, device_setup, fail
 from engine import Engine
-from model import GPT
+from model import GPT, GPTConfig
 from support.checkpoint import save_checkpoint
 from support.dataset import data_fingerprint, load_meta, load_rec_mask, load_split
 from support.diagnostics import eval_modes, gate_stats, task_accuracy
 from support.flops import flops_per_token
 from support.tasks import position_kinds
-from support.trainutil import (Batches, init_processes, make_out_dir, StepStats, StopRequest, check_config, check_data, init_model, model_args_from, nonfinite,
+from support.trainutil import (Batches, init_processes, make_out_dir, StepStats, StopRequest, check_config, check_data, check_step, init_model, model_args_from, nonfinite,
                                drop_previous_run, print_eval, restore_previous_run, restore_state, set_aside_previous_run, shutdown, stop_diverged, warn_state)
 
 # -----------------------------------------------------------------------------
-# default config values; override with a config file and/or --key=value
+# default config values; override with a config file and/or --key=value. Every GPTConfig field
+# (model.py: n_layer, n_embd, rec_start, attn_window, jacobi_init, rec_scale_min, vocab_pad, ...)
+# is a setting too, by its name, with GPTConfig's default
 # I/O
 out_dir = 'out'
-eval_interval = 250
-log_interval = 10
+eval_interval = 250      # steps between evaluations (and checkpoints)
+log_interval = 10        # steps between train log lines
 eval_iters = 20          # batches for the approximate (training-scheme) losses
 eval_exact_iters = 4     # batches for the exact losses (token-by-token: slower)
 eval_examples = 1000     # task data: rows per split for accuracy / exact match
 eval_examples_mid = 0    # the same at the evaluations before the last (0: eval_examples): cheaper learning curves
 eval_batch_size = 256    # task data: rows per forward pass in that accuracy evaluation
-eval_only = False
-eval_first = True        # also evaluate before the first step
-gate_interval = 0        # log the gate statistics (one exact pass of gate_rows val rows) every so many steps;
-                         # 0: with every log line (log_interval), -1: only at evaluations
-gate_rows = 8            # val rows of that pass (cheap enough to leave on)
-always_save_checkpoint = True
+eval_only = False        # evaluate init_from's model once, then exit
+eval_first = True        # also evaluate before the first step (lab/compare.py turns it off)
+gate_interval = 0        # the gate statistics (an exact pass of 8 val rows) every so many steps; 0: every log line, -1: at evaluations
 init_from = 'scratch'    # 'scratch' | 'resume' (out_dir/ckpt.pt) | a Hugging Face Llama name or folder (retrofit)
 overwrite = False        # True: a new run may replace the run in out_dir (its ckpt.pt, best.pt, log.jsonl); else refused
-seed = 1337
-wandb_log = False
-wandb_project = 't2t-recurrence'
-wandb_run_name = 'run'
+seed = 1337              # the weights' init, dropout and the batches' order
 # data (made by prepare.py)
-data_root = 'data'
-dataset = 's5_Z2'
+data_root = 'data'       # the folder of the datasets
+dataset = 's5_Z2'        # data_root/dataset: its meta.json and splits
 batch_size = 32          # micro-batch size per process
 block_size = 64          # tokens per sequence (token data); model context (task data: >= longest split)
 gradient_accumulation_steps = 1  # in total across processes
-# model
+# model (and every GPTConfig field, above)
 arch = 'gpt'             # 'gpt' | 'lstm' (the baseline, support/lstm.py: n_layer layers of hidden size n_embd; recurrence='none')
-n_layer = 4
-n_head = 4
-n_kv_head = 4
-n_embd = 64
-mlp_hidden = 0           # 0 = 8/3 n_embd rounded up to 64
-rope_theta = 10000.0
-rope = True              # False: no positional encoding (NoPE; the causal mask alone tells positions apart)
-norm_eps = 1e-5
-dropout = 0.0
-tie_embeddings = True
-vocab_pad = 128          # the embedding table rounded up to a multiple of this (fast LM-head GEMMs; never sampled)
-attn_window = 0          # > 0: sliding-window attention over the last attn_window tokens
-recurrence = 't2mlr'     # 'none' | 't2mlr' | 'lrt'
-rec_start = 0
-rec_end = -1             # -1 = last layer
-rec_residual = True
-rec_proj = True
-rec_gate_gain = 0.0       # xavier gain of T2MLR's gates; 0 = auto: 1.0 from scratch (paper), 1e-2 retrofit
-rec_gate_init = 0.0       # T2MLR's g_rec at init (0: the identity, official; a retrofit always starts at 0)
-lrt_inject = 'both'
-lrt_shared = True
-lrt_identity_init = False
-lrt_gate_channels = 0    # LRT gates read the first N channels of the normed input (official option); 0 = all
+recurrence = 't2mlr'     # 'none' | 't2mlr' | 'lrt' (GPTConfig's 'none' is the plain GPT a library user builds)
 # training scheme
 train_mode = 'jacobi'    # 'plain' | 'jacobi' | 'interleaved' | 'block'
 n_iter = 8               # Jacobi: D iterations as in the official code (D+1 span passes: initial, D-1, final)
 n_grad = 4               # Jacobi: B, the last iterations that carry gradient (plus the final pass)
-jacobi_init = 'plain'    # Jacobi: the first guess from the plain model (official), the 'zero' state, or 'exact' (token by token)
-rec_residual_detach = False  # T2MLR: no gradient through R_{t-1} in m_t = h_t + R_{t-1} (official S5/GSM8K recipes)
-rec_scale_min = 0.2      # T2MLR: the bounds of the state's RMS scale clamp(1/rms(m_t), min, max)
-rec_scale_max = 5.0
 n_subsets = 2            # interleaved: S
 n_rounds = 1             # interleaved: R rounds of the S refinements (exact positions 0..R*S-1 in training)
 init_loss = True         # interleaved: the init pass's loss in the mean (LRT); False: the refinements' alone (S = T: exact)
 block_len = 4            # block: C, the chunk length (the state reaches a chunk from the one before only)
 recompute = False        # activation checkpointing: the passes that keep a graph are recomputed in backward
 # optimizer
-learning_rate = 1e-3
-max_iters = 2000
-weight_decay = 0.1
-beta1, beta2 = 0.9, 0.95
-grad_clip = 1.0          # 0 = off
+learning_rate = 1e-3     # peak learning rate (after warmup)
+max_iters = 2000         # training steps
+weight_decay = 0.1       # AdamW's, on matrices
+beta2 = 0.95             # AdamW's second-moment decay (beta1 is 0.9)
+grad_clip = 1.0          # clip the global gradient norm to this; 0 = off
 rec_lr_mult = 1.0        # lr multiplier of the recurrence's own parameters (retrofit: 100)
-rec_weight_decay = -1.0  # weight decay of the recurrence's own matrices; -1 = weight_decay (official S5 recipe: 0.01)
+rec_weight_decay = None  # weight decay of the recurrence's own matrices; None = weight_decay (official S5 recipe: 0.01)
 gate_lr_mult = 1.0       # T2MLR: lr multiplier of the scalar gates g_cur, g_rec, on top of rec_lr_mult (docs/recipe.md)
-skip_spike = 0.0         # > 0: skip the update (weights and AdamW moments untouched) of a step whose gradient norm
-                         # before clipping is more than skip_spike x the median of the last 50 steps' (docs/recipe.md)
-skip_spike_arm = 0.0     # > 0: the guard is armed at the first step whose train loss is below this (out of the plateau)
-decay_lr = True
-warmup_iters = 100
-lr_decay_iters = -1      # -1 = max_iters
-min_lr = 1e-4
+skip_spike = 0.0         # > 0: skip a step whose gradient norm is > skip_spike x the median of the last 50 (docs/recipe.md)
+skip_spike_arm = 0.0     # > 0: that guard is armed at the first step whose train loss is below this (out of the plateau)
+warmup_iters = 100       # linear warmup steps, then cosine decay
+lr_decay_iters = -1      # the cosine reaches min_lr here; -1 = max_iters
+min_lr = 1e-4            # the learning rate at the end of the decay
 # system
-device = 'cuda' if torch.cuda.is_available() else 'cpu'
+device = 'cuda' if torch.cuda.is_available() else 'cpu'  # 'cpu' | 'cuda' | 'cuda:N'
 dtype = 'auto'           # 'auto' (bfloat16 on cuda, float32 on cpu) | 'float32' | 'bfloat16' | 'float16' | 'float64'
-compile = False
-compile_backend = 'inductor'
-ddp_timeout = 600.0      # seconds a process waits for the others in a collective (a frozen rank ends the job);
-                         # more than the longest evaluation + save, which rank 0 runs alone
-peak_flops = -1.0        # for MFU; -1 = auto (989e12, H100/H200 bf16 dense, on cuda; none on cpu); 0 = no MFU
+compile = False          # torch.compile the model (and the exact evaluation's engine)
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items()
                if not k.startswith('_') and isinstance(v, (int, float, bool, str, type(None)))]
-configure(globals(), config_keys)
+model_settings = dataclass_defaults(GPTConfig, leave_out=('block_size', 'vocab_size', 'reset_token', 'recurrence'))
+given = configure(globals(), config_keys, more=model_settings)  # model_settings: the GPTConfig fields set
 if dtype == 'auto':  # after the overrides: --device=cpu on a GPU machine means float32
     dtype = 'bfloat16' if device.startswith('cuda') else 'float32'
-if peak_flops < 0:
-    peak_flops = 989e12 if device.startswith('cuda') else 0.0
-config = {k: globals()[k] for k in config_keys}
-
-
+config = {**{k: globals()[k] for k in config_keys}, **model_settings}
 check_config(SimpleNamespace(**config))
 # -----------------------------------------------------------------------------
 # processes and devices
 
 ddp, rank, local_rank, world_size, device, gradient_accumulation_steps = init_processes(
-    device, ddp_timeout, gradient_accumulation_steps)  # DDP under torchrun (support/trainutil.py)
+    device, gradient_accumulation_steps)  # DDP under torchrun (support/trainutil.py)
 config['gradient_accumulation_steps'] = gradient_accumulation_steps
 master = rank == 0  # logs, evaluates and saves
 accum_local = gradient_accumulation_steps // world_size  # micro-batches this process runs per step
@@ -166,7 +126,7 @@ data_dir = os.path.join(data_root, dataset)
 meta = load_meta(data_dir)  # a missing or broken dataset: one line (DataError)
 is_task = meta['format'] == 'examples'
 task_splits = [s for s in meta['splits'] if s != 'train'] if is_task else []
-batches = Batches(data_dir, meta, block_size, device)  # batch(gen, split, B) -> x, y, rec_mask (support/trainutil.py)
+batches = Batches(data_dir, meta, block_size, device)  # its memmaps: draw and fetch, below (support/trainutil.py)
 seq_len = batches.seq_len  # token data: block_size; task data: the length of train's rows
 if is_task:  # the model's context holds the longest example
     block_size = max(block_size, max(meta['splits'][s]['len'] for s in meta['splits']))
@@ -174,10 +134,17 @@ check_data(data_dir, dataset, meta, is_task, seq_len, n_subsets if train_mode ==
 data_gen = torch.Generator().manual_seed(seed)  # the training batches' order, saved with every checkpoint
 tokens_per_iter = gradient_accumulation_steps * batch_size * seq_len
 
+
+def get_batch(split, B, gen):
+    """-> x, y: (B, seq_len) int64 on the device, y aligned with x (-1: no loss), and rec_mask (where
+    the recurrence is on: prompt/response data) or None. gen picks B random rows (task data) or
+    B windows of seq_len + 1 tokens (token data) of split: the only random draw."""
+    return batches.fetch(split, batches.draw(gen, split, B))
+
 # -----------------------------------------------------------------------------
 # model, optimizer, resume
 
-model_args = model_args_from(dict(config, block_size=block_size), meta)  # GPTConfig's fields (support/trainutil.py)
+model_args = model_args_from(dict(config, block_size=block_size), meta, given)  # GPTConfig's fields (support/trainutil.py)
 iter_num, best_val_loss = 0, 1e9
 ckpt_path = os.path.join(out_dir, 'ckpt.pt')   # the latest checkpoint
 best_path = os.path.join(out_dir, 'best.pt')   # the best by exact validation loss so far
@@ -198,16 +165,16 @@ if ptdtype == torch.float64:
 model.to(device)
 raw_model = model  # unwrapped and uncompiled: eval, generation and checkpoints use it
 recurrent = raw_model.config.recurrence != 'none'
-exact_engine = Engine(raw_model, dict(backend=compile_backend)) if compile and recurrent else None  # compiled exact eval
-groups = raw_model.param_groups(weight_decay, rec_lr_mult, None if rec_weight_decay < 0 else rec_weight_decay, gate_lr_mult)
+exact_engine = Engine(raw_model) if compile and recurrent else None  # compiled exact eval
+groups = raw_model.param_groups(weight_decay, rec_lr_mult, rec_weight_decay, gate_lr_mult)
 fused = device_type == 'cuda'
-optimizer = torch.optim.AdamW(groups, lr=learning_rate, betas=(beta1, beta2), fused=fused)
+optimizer = torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, beta2), fused=fused)
 if ckpt is not None:
     restore_state(ckpt, ckpt_path, optimizer, data_gen, device_type == 'cuda')
 scaler = torch.amp.GradScaler(device_type, enabled=ptdtype == torch.float16)
 if compile:
-    print(f"compiling the model ({compile_backend})...")
-    model = torch.compile(model, backend=compile_backend)
+    print("compiling the model...")
+    model = torch.compile(model)
 if ddp:
     # a recurrent model trained plainly leaves the recurrence's parameters without gradient:
     # DDP must be told, or it waits for their reduction forever ("Expected to have finished reduction")
@@ -229,8 +196,6 @@ if master:
 def get_lr(it):
     """Linear warmup, then cosine decay to min_lr."""
     decay_iters = max_iters if lr_decay_iters < 0 else lr_decay_iters
-    if not decay_lr:
-        return learning_rate
     if it < warmup_iters:
         return learning_rate * (it + 1) / (warmup_iters + 1)
     if it > decay_iters:
@@ -258,7 +223,7 @@ def evaluate(final=True):
             n = eval_iters if tag == 'approx' else eval_exact_iters  # exact and zero: the same batches
             losses = []
             for _ in range(n):
-                x, y, rec_mask = batches.batch(gen, split, batch_size)
+                x, y, rec_mask = get_batch(split, batch_size, gen)
                 with autocast:
                     losses.append((engine(mode) or raw_model)(x, y, rec_mask=rec_mask, **kw(mode))[1].item())
             out[f'{split}/loss_{tag}'] = sum(losses) / len(losses)
@@ -281,7 +246,7 @@ def evaluate(final=True):
                 for key in [k for k in out if k.startswith(f'{split}/') and k.endswith('_approx')]:
                     out[key.replace('_approx', '_exact')] = out[key.replace('_approx', '_zero')] = out[key]
     if recurrent:  # the gates on the first val batch, run exactly
-        x, _, rec_mask = batches.batch(torch.Generator().manual_seed(1234), 'val', batch_size)
+        x, _, rec_mask = get_batch('val', batch_size, torch.Generator().manual_seed(1234))
         out.update(gate_stats(raw_model, x, rec_mask, autocast))
     raw_model.train()
     return out
@@ -303,11 +268,9 @@ def checkpoint():
 # -----------------------------------------------------------------------------
 # training loop
 
-if wandb_log and master:
-    import wandb
-    wandb.init(project=wandb_project, name=wandb_run_name, config=config)
+PEAK_FLOPS = 989e12  # for the MFU on cuda: H100/H200 bf16 dense
 
-t0, exit_code = time.time(), 0
+t0, exit_code, stop_signal = time.time(), 0, 0
 step_stats = StepStats(grad_clip, recent=(ckpt or {}).get('recent_grad_norms', []), armed=(ckpt or {}).get('guard_armed', False))
 divergence = lambda what: stop_diverged(what, iter_num, master, ckpt_path, best_path)
 # every check has passed: an old run to overwrite moves aside, deleted at this run's first checkpoint
@@ -327,20 +290,18 @@ try:
                     metrics = evaluate(final=iter_num == max_iters or eval_only)
                     print_eval(metrics, iter_num, recurrent, task_splits, train_mode)
                     log_json({'iter': iter_num, 'type': 'eval', **metrics})
-                    if wandb_log:
-                        wandb.log({'iter': iter_num, **metrics})
                     bad = nonfinite(metrics)  # never saved: ckpt.pt and best.pt stay finite
                     warn_state(metrics, iter_num, raw_model.config.n_embd)
                     val = metrics['val/loss_exact']
                     if not bad and iter_num > 0 and not eval_only:
                         improved = val < best_val_loss
                         best_val_loss = min(best_val_loss, val)
-                        if improved or always_save_checkpoint:  # ckpt.pt first: a folder with a best.pt
-                            save_checkpoint(checkpoint(), ckpt_path)  # always has a run to resume (a full disk between them)
-                            if improved:  # best.pt: the best exact val loss so far, never replaced by a worse one
-                                save_checkpoint(checkpoint(), best_path)
-                            print(f"saved checkpoint to {ckpt_path}" + (f" and {best_path}" if improved else ""))
-                            aside = drop_previous_run(aside)  # the new run exists: the old one goes
+                        # ckpt.pt first: a folder with a best.pt always has a run to resume (a full disk between them)
+                        save_checkpoint(checkpoint(), ckpt_path)
+                        if improved:  # best.pt: the best exact val loss so far, never replaced by a worse one
+                            save_checkpoint(checkpoint(), best_path)
+                        print(f"saved checkpoint to {ckpt_path}" + (f" and {best_path}" if improved else ""))
+                        aside = drop_previous_run(aside)  # the new run exists: the old one goes
                 if ddp:  # every process evaluates at the same steps: all learn whether rank 0 saw a diverged model
                     flag = torch.tensor([float(bool(bad))], device=device)
                     dist.broadcast(flag, src=0)
@@ -351,10 +312,12 @@ try:
             if eval_only or iter_num >= max_iters:
                 break
 
-            # one optimisation step over the global batch
+            # one optimisation step over the global batch: every process draws all of it (data_gen is
+            # in the same state everywhere) and runs its own accum_local micro-batches
+            picks = [batches.draw(data_gen, 'train', batch_size) for _ in range(gradient_accumulation_steps)]
             loss_sum = 0.0
-            micro_batches = batches.step(data_gen, batch_size, gradient_accumulation_steps, rank, accum_local)
-            for micro, (x, y, rec_mask) in enumerate(micro_batches):
+            for micro, rows in enumerate(picks[rank * accum_local:(rank + 1) * accum_local]):
+                x, y, rec_mask = batches.fetch('train', rows)
                 if ddp:  # synchronise gradients on the last micro-step only
                     model.require_backward_grad_sync = micro == accum_local - 1
                 with autocast:
@@ -364,30 +327,19 @@ try:
                 scaler.scale(loss).backward()
             scaler.unscale_(optimizer)  # (a no-op without fp16) the norm of the true gradient
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else math.inf)
-            # the step's train loss: the mean over all its micro-batches (of all processes, below).
-            # Divergence guard and stop requests, one small collective per step: [loss, grad norm,
-            # signal] non-finite / set on any process -> every process stops at the same step. The
-            # gradient norm rides along (the largest), so every process makes the same skip_spike call.
-            lossf = loss_sum / accum_local
-            flags = torch.stack([~torch.isfinite(lossf),
-                                 ~torch.isfinite(grad_norm) & (not scaler.is_enabled()),  # fp16: the scaler skips such steps
-                                 torch.tensor(stop_request.signum > 0, device=lossf.device), grad_norm.float(),
-                                 -lossf.float()]).float()  # and the smallest loss: every process arms the guard at once
-            if ddp:
-                dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-            # one host sync per step: the flags, the gradient norm and this process's loss (the step statistics)
-            loss_bad, grad_bad, stop, step_grad, neg_min_loss, step_loss = torch.cat([flags, lossf.float().view(1)]).tolist()
-            step_stats.add(step_loss, step_grad)
-            if loss_bad or grad_bad:  # before optimizer.step: the weights are still the last good ones
-                divergence(' and '.join(["non-finite train loss" + ('' if ddp else f" ({lossf.item()})")] * bool(loss_bad) +
-                                           [f"non-finite gradient norm ({grad_norm.item()})"] * bool(grad_bad)))
+            lossf = loss_sum / accum_local  # the step's train loss: the mean over its micro-batches
+            # divergence and stop requests, the same on every process (support/trainutil.py)
+            check = check_step(lossf, grad_norm, stop_request, scaler.is_enabled(), ddp)
+            step_stats.add(check.loss, check.grad_norm)
+            if check.diverged:  # before optimizer.step: the weights are still the last good ones
+                divergence(check.diverged)
             # a gradient spike (the recurrent chain's gradient exploding): clipping bounds its norm, not
             # its direction, and AdamW would carry that direction on for ~1/(1-beta1) steps: no update
             armed = step_stats.armed
-            if not step_stats.spike(step_grad, skip_spike, -neg_min_loss, skip_spike_arm):
+            if not step_stats.spike(check.grad_norm, skip_spike, check.min_loss, skip_spike_arm):
                 scaler.step(optimizer)
             if skip_spike_arm > 0 and step_stats.armed > armed and master:
-                print(f"iter {iter_num + 1}: train loss {-neg_min_loss:.4f} < skip_spike_arm={skip_spike_arm:g}: the spike guard is armed")
+                print(f"iter {iter_num + 1}: train loss {check.min_loss:.4f} < skip_spike_arm={skip_spike_arm:g}: the spike guard is armed")
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
             iter_num += 1
@@ -398,40 +350,36 @@ try:
                 if master:
                     dt = (time.time() - t0) / log_interval
                     t0 = time.time()
-                    mfu = flops_per_iter / dt / peak_flops if peak_flops > 0 else None
+                    mfu = flops_per_iter / dt / PEAK_FLOPS if device_type == 'cuda' else None
                     print(f"iter {iter_num}: loss {lossf.item():.4f} (mean {w['loss_mean']:.4f}, max {w['loss_max']:.4f}), "
                           f"grad norm {w['grad_norm']:.3g}" + (f" ({100 * w['clip_frac']:.0f}% clipped)" if grad_clip > 0 else "")
                           + (f", {w['skipped']} skipped" if skip_spike > 0 else "")
                           + f", time {dt * 1000:.1f}ms, {tokens_per_iter / dt:,.0f} tok/s" + (f", mfu {100 * mfu:.1f}%" if mfu else ""))
                     log_json({'iter': iter_num, 'type': 'train', 'loss': lossf.item(), **w, 'lr': lr,
                               'dt_ms': dt * 1000, 'tok_per_s': tokens_per_iter / dt, 'mfu': mfu})
-                    if wandb_log:
-                        wandb.log({'iter': iter_num, 'train/loss': lossf.item(), 'lr': lr, 'mfu': mfu,
-                                   **{f'train/{k}': v for k, v in w.items()}})
 
             t_gates, gates = time.time(), gate_interval if gate_interval != 0 else log_interval
             if gates > 0 and iter_num % gates == 0 and master and recurrent:
-                x, _, rec_mask = batches.batch(torch.Generator().manual_seed(1234), 'val', gate_rows)  # not data_gen: training unchanged
+                x, _, rec_mask = get_batch('val', 8, torch.Generator().manual_seed(1234))  # not data_gen: training unchanged
                 log_json({'iter': iter_num, 'type': 'gates', **gate_stats(raw_model, x, rec_mask, autocast)})
             t0 += time.time() - t_gates  # the step time excludes this pass
 
-            if stop:  # the step boundary: the checkpoint is exactly what an uninterrupted run has here
-                sig = stop_request.signum or signal.SIGTERM  # (a process that got none stops because another did)
-                if master:
-                    save_checkpoint(checkpoint(), ckpt_path)
-                    aside = drop_previous_run(aside)
-                    print(f"stopped by {signal.Signals(sig).name} at step {iter_num}: saved checkpoint to {ckpt_path} "
-                          f"(resume with --init_from=resume)", flush=True)
-                if ddp:
-                    dist.barrier()  # the others wait for rank 0's save
-                sys.exit(128 + sig)
+            if check.stop:  # the step boundary: the checkpoint is exactly what an uninterrupted run has here
+                stop_signal = stop_request.signum or signal.SIGTERM  # (a process that got none stops because another did)
+                break
+    if stop_signal and master:
+        save_checkpoint(checkpoint(), ckpt_path)
+        aside = drop_previous_run(aside)
+        print(f"stopped by {signal.Signals(stop_signal).name} at step {iter_num}: saved checkpoint to {ckpt_path} "
+              f"(resume with --init_from=resume)", flush=True)
     if ddp:
         # rank 0 may still be evaluating and saving: tearing gloo down under it aborts
         dist.barrier()
-except SystemExit as e:  # a stop request or divergence (above): leave with its status, below
+    exit_code = 128 + stop_signal if stop_signal else 0
+except SystemExit as e:  # divergence (above): leave with its status, below
     exit_code = e.code
 finally:
     restore_previous_run(aside)  # (None once this run has a checkpoint)
     if ddp:
         dist.destroy_process_group()
-shutdown(exit_code, ddp, wandb_log and master)
+shutdown(exit_code, ddp)

@@ -8,6 +8,7 @@ out_dir = 'out/lrt_shared_fineweb'
 dataset = 'fineweb_edu'
 n_layer = 30
 n_embd = 576
+vocab_pad = 128          # the embedding rows rounded up to a multiple of 128 (fast LM-head GEMMs; never sampled)
 n_head = 9
 n_kv_head = 3
 mlp_hidden = 1536

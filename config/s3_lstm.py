@@ -12,6 +12,7 @@ dataset = 's5_S3'
 arch = 'lstm'
 n_layer = 4
 n_embd = 81
+vocab_pad = 128          # the embedding rows rounded up to a multiple of 128 (fast LM-head GEMMs; never sampled)
 recurrence = 'none'
 train_mode = 'plain'
 batch_size = 32

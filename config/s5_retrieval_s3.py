@@ -12,6 +12,7 @@ n_layer = 4
 n_head = 4
 n_kv_head = 4
 n_embd = 64
+vocab_pad = 128          # the embedding rows rounded up to a multiple of 128 (fast LM-head GEMMs; never sampled)
 rope = False
 recurrence = 't2mlr'
 rec_start = 1

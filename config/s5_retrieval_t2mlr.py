@@ -9,6 +9,7 @@ out_dir = 'out/s5_retrieval_t2mlr'
 dataset = 's5_retrieval_S5'
 n_layer = 6              # the recipe's tinyllama: 6 layers, d=384, 6 heads, MLP 1536 (~10M parameters)
 n_embd = 384
+vocab_pad = 128          # the embedding rows rounded up to a multiple of 128 (fast LM-head GEMMs; never sampled)
 n_head = 6
 n_kv_head = 6
 mlp_hidden = 1536

@@ -10,6 +10,7 @@ n_layer = 4
 n_head = 4
 n_kv_head = 4
 n_embd = 128
+vocab_pad = 128          # the embedding rows rounded up to a multiple of 128 (fast LM-head GEMMs; never sampled)
 block_size = 256
 batch_size = 8
 recurrence = 'none'

@@ -105,7 +105,7 @@ def config_memory(path):
                   n_subsets=ns.get('n_subsets', 2), n_rounds=ns.get('n_rounds', 1), block_len=ns.get('block_len', 1),
                   recompute=ns.get('recompute', False))
     args = {k: ns[k] for k in GPTConfig.__dataclass_fields__ if k in ns}
-    args.update(vocab_size=mem_vocab, vocab_pad=ns.get('vocab_pad', 128), reset_token=None)
+    args.update(vocab_size=mem_vocab, reset_token=None)
     torch.manual_seed(bench.seed)
     m = GPT(GPTConfig(**args)).to(bench.device).train()
     T, mb_size = m.config.block_size, ns.get('batch_size', 32)

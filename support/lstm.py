@@ -18,7 +18,7 @@ Its size: the S5-Retrieval recipes give the LSTM the transformer's number of lay
 hidden size that matches the transformer's parameter count (train_s5_retrieval_rnn_baseline.sh
 l.34-39: 4 layers, hidden 360, 4.23M against 4.29M). Here: 4 layers, hidden 81 (config/s3_lstm.py):
 222,912 parameters against the 4-layer d=64 GPT's 221,760 (+0.5%; hidden 80 would be -1.9%), both
-at a task vocabulary of at most 128 tokens (one table of 128 rows: train.py's vocab_pad).
+at a task vocabulary of at most 128 tokens (one table of 128 rows: the configs' vocab_pad).
 
 Its one forward is exact, and there is no latent state beside the network to approximate or to
 zero: like the plain GPT (recurrence='none'), every mode runs that forward, so train.py reports

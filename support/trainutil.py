@@ -10,6 +10,7 @@ import signal
 import sys
 import time
 from dataclasses import asdict, fields
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -56,14 +57,11 @@ def check_config(c):
     for k in ('learning_rate', 'min_lr', 'max_iters', 'warmup_iters', 'grad_clip', 'weight_decay', 'gate_lr_mult'):
         if not 0 <= getattr(c, k) < math.inf:  # nan and inf pass a `< 0` check, then "diverge" at step 1
             fail(f"{k}={getattr(c, k)}: must be >= 0 and finite")
-    if not (c.rec_weight_decay == -1 or 0 <= c.rec_weight_decay < math.inf):  # not -5 taken as weight_decay
-        fail(f"rec_weight_decay={c.rec_weight_decay}: must be >= 0 and finite, or -1 for weight_decay's")
-    if c.gate_rows < 1 or c.gate_interval < -1:
-        fail(f"gate_rows={c.gate_rows}, gate_interval={c.gate_interval}: need gate_rows >= 1 (the rows of the gate "
-             f"statistics' pass) and gate_interval >= -1 (-1: at evaluations only, 0: with every log line)")
-    if c.compile and c.compile_backend not in torch._dynamo.list_backends(exclude_tags=()):  # before any model or file
-        fail(f"compile_backend={c.compile_backend!r} is not a torch.compile backend here (e.g. 'inductor', 'eager', "
-             f"'aot_eager')")
+    wd = c.rec_weight_decay
+    if wd is not None and not (type(wd) in (int, float) and 0 <= wd < math.inf):
+        fail(f"rec_weight_decay={wd!r}: must be >= 0 and finite, or None for weight_decay's")
+    if c.gate_interval < -1:
+        fail(f"gate_interval={c.gate_interval}: must be >= -1 (-1: at evaluations only, 0: with every log line)")
     for k, (default, mode) in IDLE_SCHEME.items():  # a scheme setting another train_mode reads would do nothing
         if getattr(c, k) == default or c.train_mode == mode:
             continue
@@ -80,20 +78,12 @@ def check_config(c):
         fail(f"skip_spike={c.skip_spike}: 0 (off) or a factor > 1 over the median gradient norm (e.g. 10)")
     if c.skip_spike_arm < 0 or (c.skip_spike_arm > 0 and c.skip_spike == 0):
         fail(f"skip_spike_arm={c.skip_spike_arm}: 0 (the guard armed from the start) or a train loss > 0, with skip_spike > 1")
-    if c.ddp_timeout <= 0:
-        fail(f"ddp_timeout={c.ddp_timeout}: must be > 0 (seconds)")
-    for k in ('beta1', 'beta2'):  # AdamW's own check is a traceback
-        if not 0 <= getattr(c, k) < 1:
-            fail(f"{k}={getattr(c, k)}: must be in [0, 1)")
+    if not 0 <= c.beta2 < 1:  # AdamW's own check is a traceback
+        fail(f"beta2={c.beta2}: must be in [0, 1)")
     if not 0 <= c.rec_lr_mult < math.inf:  # a negative multiplier is gradient ascent on the recurrence
         fail(f"rec_lr_mult={c.rec_lr_mult}: must be >= 0 and finite (0 freezes the recurrence's own parameters)")
-    if not 0 <= c.rec_gate_gain < math.inf:
-        fail(f"rec_gate_gain={c.rec_gate_gain}: must be >= 0 and finite (0 = auto: 1.0 from scratch, 1e-2 retrofit)")
     if c.device.startswith('cuda') and not torch.cuda.is_available():
         fail(f"device={c.device} but torch.cuda.is_available() is False (use --device=cpu)")
-    import importlib.util
-    if c.wandb_log and importlib.util.find_spec('wandb') is None:  # not at the first log, minutes in
-        fail("wandb_log=True but wandb is not installed (pip install wandb, or --wandb_log=False)")
     from support.dataset import missing_folder
     if c.init_from not in ('scratch', 'resume') and missing_folder(c.init_from):  # not a Hub download that fails
         fail(f"init_from={c.init_from}: no such folder (a local path; a Hugging Face name is owner/name)")
@@ -135,24 +125,23 @@ def check_data(data_dir, dataset, meta, is_task, seq_len, n_subsets, load_split)
 # model args: GPTConfig's fields, taken from train.py's settings of the same name
 
 
-def model_args_from(config, meta):
+def model_args_from(config, meta, given=()):
     """The model args of a new model: every GPTConfig field from the config's setting of the same
-    name (a new model option is written once, in GPTConfig, and once as a train.py default),
-    except: vocab_size and reset_token come from the data, rec_gate_gain=0 is automatic
-    (1.0 from scratch, as the paper; 1e-2 for a retrofit) and a retrofit's rec_gate_init is 0.
-    block_size is the config's (task data: raised to the longest split by train.py)."""
+    name (train.py takes them by name, GPTConfig's default the one default), except: vocab_size and
+    reset_token come from the data, and a retrofit's rec_gate_init is 0. block_size is the config's
+    (task data: raised to the longest split by train.py)."""
     args = {f.name: config[f.name] for f in fields(GPTConfig) if f.name in config}
     args.update(vocab_size=meta['vocab_size'], reset_token=meta.get('reset_token'))
-    scratch = config['init_from'] in ('scratch', 'resume')
-    args['rec_gate_gain'] = config['rec_gate_gain'] or (1.0 if scratch else 1e-2)
-    args['rec_gate_init'] = config['rec_gate_init'] if scratch else 0.0  # a retrofit starts at the identity
+    if config['init_from'] not in ('scratch', 'resume'):
+        args['rec_gate_init'] = 0.0  # a retrofit starts at the identity
+        if 'rec_gate_gain' not in given:  # (given: the settings the config set) from_pretrained's, 1e-2
+            del args['rec_gate_gain']
     for k, only in OWN_OPTIONS.items():  # another recurrence's options: recorded as what runs, the default
         default = next(f.default for f in fields(GPTConfig) if f.name == k)
         if k not in args or args['recurrence'] == only:
             continue
-        asked = config[k] if k != 'rec_gate_gain' or config[k] else default  # rec_gate_gain=0: automatic
-        if asked != default and int(os.environ.get('RANK', 0)) == 0:
-            print(f"note: {k}={asked!r} applies to recurrence='{only}' only (recurrence is {args['recurrence']!r}): "
+        if args[k] != default and int(os.environ.get('RANK', 0)) == 0:
+            print(f"note: {k}={args[k]!r} applies to recurrence='{only}' only (recurrence is {args['recurrence']!r}): "
                   f"not applied, recorded as {default!r}")
         args[k] = default
     return args
@@ -239,6 +228,27 @@ def stop_diverged(what, iter_num, master, ckpt_path, best_path):
               f"learning_rate or grad_clip > 0)", file=sys.stderr)
     sys.exit(3)
 
+def check_step(lossf, grad_norm, stop_request, fp16, ddp):
+    """After backward, before the update: one small collective and one host sync per step, so
+    that every process stops, skips and arms the spike guard at the same step. Over the processes:
+    the loss or the gradient norm non-finite anywhere (fp16: the scaler skips a non-finite
+    gradient itself), a stop request (SIGINT/SIGTERM) anywhere, the largest gradient norm, the
+    smallest loss. -> SimpleNamespace(diverged: '' or what went non-finite, stop: bool, grad_norm:
+    the largest, min_loss: the smallest, loss: this process's)."""
+    import torch.distributed as dist
+    flags = torch.stack([~torch.isfinite(lossf), ~torch.isfinite(grad_norm) & (not fp16),
+                         torch.tensor(stop_request.signum > 0, device=lossf.device), grad_norm.float(),
+                         -lossf.float()]).float()  # -loss: the MAX reduction gives the smallest loss
+    if ddp:
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    loss_bad, grad_bad, stop, step_grad, neg_min_loss, loss = torch.cat([flags, lossf.float().view(1)]).tolist()
+    bad = []
+    if loss_bad:
+        bad.append("non-finite train loss" + ('' if ddp else f" ({lossf.item()})"))
+    if grad_bad:
+        bad.append(f"non-finite gradient norm ({grad_norm.item()})")
+    return SimpleNamespace(diverged=' and '.join(bad), stop=bool(stop), grad_norm=step_grad, min_loss=-neg_min_loss, loss=loss)
+
 # -----------------------------------------------------------------------------
 # stop requests: SIGINT (Ctrl-C) and SIGTERM (what schedulers send before preemption) only set a
 # flag: the loop finishes the step it is in and saves at the step boundary, so the checkpoint
@@ -307,7 +317,7 @@ class StepStats:
 # the end of a run
 
 
-def shutdown(exit_code, ddp, finish_wandb):
+def shutdown(exit_code, ddp):
     """Leave with exit_code. DDP keeps its own reference to the process group, so
     destroy_process_group does not stop gloo's threads; they are torn down by C++ destructors at
     interpreter exit, which now and then aborts the process ("terminate called without an active
@@ -318,9 +328,6 @@ def shutdown(exit_code, ddp, finish_wandb):
     if isinstance(exit_code, str):  # a one-line error (dataset.DataError, e.g. a full disk at a save)
         print(exit_code, file=sys.stderr)
         exit_code = 1
-    if finish_wandb:
-        import wandb
-        wandb.finish()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(exit_code)
@@ -371,14 +378,6 @@ class Batches:
             return tuple(None if t is None else t.pin_memory().to(self.device, non_blocking=True) for t in (x, y, rec_mask))
         return x.to(self.device), y.to(self.device), None if rec_mask is None else rec_mask.to(self.device)
 
-    def batch(self, gen, split, B):
-        return self.fetch(split, self.draw(gen, split, B))
-
-    def step(self, gen, batch_size, n_micro, rank, accum_local):
-        """The micro-batches of this process for one step (every process draws the whole global
-        batch: n_micro micro-batches, of which this process runs accum_local)."""
-        picks = [self.draw(gen, 'train', batch_size) for _ in range(n_micro)]
-        return [self.fetch('train', p) for p in picks[rank * accum_local:(rank + 1) * accum_local]]
 
 # -----------------------------------------------------------------------------
 # the model at start-up: new, resumed, or retrofitted from a pretrained checkpoint
@@ -435,7 +434,7 @@ def init_model(init_from, arch, model_args, meta, dataset, ckpt_path, master):
     return model, ckpt, model_args, pretrained
 
 
-OPTIM_SETTINGS = {'weight_decay': 'weight_decay or rec_weight_decay', 'betas': '(beta1, beta2)',
+OPTIM_SETTINGS = {'weight_decay': 'weight_decay or rec_weight_decay', 'betas': 'beta2',
                   'lr_mult': 'rec_lr_mult or gate_lr_mult'}  # a group's setting -> train.py's
 
 
@@ -507,17 +506,19 @@ def restore_previous_run(aside):
 # processes
 
 
-def init_processes(device, ddp_timeout, gradient_accumulation_steps):
+def init_processes(device, gradient_accumulation_steps, timeout_s=600):
     """DDP when torchrun started this process (RANK set), else one process. -> (ddp, rank,
     local_rank, world_size, device, gradient_accumulation_steps): each process on its own GPU
     (cuda:<local rank>); the steps' micro-batches, the total over processes, raised to a
-    multiple of the number of processes."""
+    multiple of the number of processes. timeout_s: how long a process waits for the others in a
+    collective (a frozen rank ends the job); more than the longest evaluation + save, which rank 0
+    runs alone."""
     import torch.distributed as dist
     if int(os.environ.get('RANK', -1)) == -1:
         return False, 0, 0, 1, device, gradient_accumulation_steps
     from datetime import timedelta
     use_cuda = device.startswith('cuda')
-    dist.init_process_group(backend='nccl' if use_cuda else 'gloo', timeout=timedelta(seconds=ddp_timeout))
+    dist.init_process_group(backend='nccl' if use_cuda else 'gloo', timeout=timedelta(seconds=timeout_s))
     rank, local_rank, world_size = dist.get_rank(), int(os.environ['LOCAL_RANK']), dist.get_world_size()
     if use_cuda:
         device = f'cuda:{local_rank}'

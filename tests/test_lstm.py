@@ -26,7 +26,7 @@ def count(m):
 
 
 def test_parameter_count_matches_the_gpt():
-    # at a task vocabulary (<= 128 tokens: one table of 128 rows, train.py's vocab_pad)
+    # at a task vocabulary (<= 128 tokens: one table of 128 rows, the configs' vocab_pad)
     gpt = GPT(GPTConfig(block_size=64, vocab_size=6, vocab_pad=128, n_layer=4, n_head=4, n_kv_head=4, n_embd=64))
     ns = runpy.run_path(os.path.join(ROOT, 'config', 's3_lstm.py'))
     c = LSTMConfig(block_size=64, vocab_size=6, vocab_pad=128, n_layer=ns['n_layer'], n_embd=ns['n_embd'])

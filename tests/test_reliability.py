@@ -130,7 +130,7 @@ def test_best_kept_apart_from_latest_and_resume_notes(data, good_run, tmp_path):
     # 5. and resuming notes every model arg the checkpoint overrides; the saved config is what ran
     copy_run(good_run[0], tmp_path)
     _, stdout, _ = in_process('train.py', common(data, tmp_path, *GOOD, '--init_from=resume', '--max_iters=10',
-                                                 '--learning_rate=10', '--warmup_iters=0', '--decay_lr=False', '--n_head=4',
+                                                 '--learning_rate=10', '--warmup_iters=0', '--lr_decay_iters=1000', '--n_head=4',
                                                  '--rec_start=1', '--attn_window=8', '--dropout=0.2'), tmp_path, check=True)
     evals = [e for e in map(json.loads, open(tmp_path / 'log.jsonl')) if e['type'] == 'eval' and e['iter'] > 0]
     best = min(evals, key=lambda e: e['val/loss_exact'])
@@ -259,7 +259,6 @@ def test_save_fsyncs_file_and_folder(tmp_path, monkeypatch):
     (['--gradient_accumulation_steps=0'], 'gradient_accumulation_steps=0'),
     (['--learning_rate=-0.1'], 'learning_rate=-0.1'),
     (['--max_iters=-5'], 'max_iters=-5'),
-    (['--ddp_timeout=0'], 'ddp_timeout=0'),
     (['--device=cuda'], 'device=cuda'),
     (['--dataset=chars', '--block_size=512'], 'split val of chars has'),
     (['--dataset=bad_ids'], 'token id 999'),

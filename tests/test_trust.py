@@ -135,10 +135,9 @@ def test_overwrite_keeps_the_old_run_until_the_new_one_checkpoints(world, tmp_pa
     before = run_files(world / 'run')
     for f in before:
         (tmp_path / f).write_bytes(before[f])
-    # a bad compile backend: refused at start, before anything is touched
-    code, out, err = in_process('train.py', train_args(world, tmp_path, '--overwrite=True', '--compile=True',
-                                                       '--compile_backend=foo'), world)
-    one_line(code, err, "compile_backend='foo'")
+    # a bad setting: refused at start, before anything is touched
+    code, out, err = in_process('train.py', train_args(world, tmp_path, '--overwrite=True', '--beta2=2'), world)
+    one_line(code, err, "beta2=2.0")
     assert run_files(tmp_path) == before
     # a new run that ends before its first checkpoint (here: max_iters=0, nothing to save): the old one is back
     code, out, err = in_process('train.py', train_args(world, tmp_path, '--overwrite=True', '--max_iters=0'), world)
