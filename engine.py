@@ -8,7 +8,8 @@ nanochat keeps engine.py apart from gpt.py). What changes, and why:
     step attends over all of it under a mask (keys past the token masked off);
   - the buffers have fixed addresses (marked static) and one cache per (batch, length) is kept
     across generate calls, so a CUDA graph recorded once replays; its outputs are cloned.
-The tokens equal eager GPT.generate's (tests/test_decode.py, tests/test_gpu_ready.py).
+model.py takes such a position itself (GPT.rope_and_mask), so the steps compiled here are the
+model's own. The tokens equal eager GPT.generate's (tests/test_decode.py, tests/test_gpu_ready.py).
 
     engine = Engine(model, compile=True)   # or a mode: 'reduce-overhead', or torch.compile's kwargs
     out = engine.generate(idx, 100, temperature=0)
@@ -16,8 +17,8 @@ The tokens equal eager GPT.generate's (tests/test_decode.py, tests/test_gpu_read
 
 import torch
 
-from model import GPT, KVCache, causal_mask
-from support.checks import check_decode_step
+from model import GPT, KVCache, sample
+from support.checks import check_decode_step, check_generate
 
 
 class StaticKVCache(KVCache):
@@ -41,23 +42,6 @@ class StaticKVCache(KVCache):
         return self.k[i], self.v[i]
 
 
-def static_rope_and_mask(self, pos, cache):
-    """GPT.rope_and_mask for a (1,) position tensor: the RoPE row by index_select, and the mask
-    over every position of the cache's buffer, (1, max_len) bool."""
-    rope = (self.rope_cos.index_select(0, pos)[:, None], self.rope_sin.index_select(0, pos)[:, None])
-    return rope, causal_mask(pos, torch.arange(cache.max_len, device=pos.device), self.config.attn_window)
-
-
-def static_view(model):
-    """The model itself (one __dict__: the same parameters, buffers and submodules), seen through
-    a subclass whose rope_and_mask takes a position tensor: model.py's span_step and decode_step,
-    unchanged, become the static steps."""
-    cls = type('Static' + type(model).__name__, (type(model),), {'rope_and_mask': static_rope_and_mask})
-    view = object.__new__(cls)
-    object.__setattr__(view, '__dict__', model.__dict__)
-    return view
-
-
 class Engine:
 
     def __init__(self, model, compile=True):
@@ -68,8 +52,7 @@ class Engine:
         self.model, self.config = model, model.config
         kw = {} if compile in (True, False) else dict(mode=compile) if isinstance(compile, str) else dict(compile)
         self.cuda_graphs = kw.get('mode') == 'reduce-overhead'  # outputs overwritten by the next replay
-        steps = static_view(model) if isinstance(model, GPT) else model
-        self._decode, self._span = steps.decode_step, getattr(steps, 'span_step', None)
+        self._decode, self._span = model.decode_step, getattr(model, 'span_step', None)  # (an LSTM has no span)
         if compile is not False:
             self._decode = torch.compile(self._decode, dynamic=False, **kw)
             self._span = self._span and torch.compile(self._span, dynamic=False, **kw)
@@ -90,31 +73,64 @@ class Engine:
         return logits, state
 
     def span_step(self, x, idx, pos, state, cache, rec_mask=None):
-        """GPT.span_step for _exact's loop, static from token 1 on (token 0 allocates the cache)."""
+        """GPT.span_step, static from token 1 on (token 0 allocates the cache)."""
         if pos.start == 0:
             return self.model.span_step(x, idx, pos, state, cache, rec_mask)
         return self._span(x, idx, torch.tensor([pos.start], device=idx.device), state, cache, rec_mask)
+
+    def exact(self, idx, targets=None, cache=None, rec_mask=None):
+        """GPT._sequential's exact recurrence (C = 1) with the compiled span step: the same loop,
+        token by token. -> (logits (B, T, V), loss, the state each token hands on (B, T, d))."""
+        m, (B, T) = self.model, idx.shape
+        cache = StaticKVCache(self.config.n_layer, T) if cache is None else cache
+        x = m._below(idx, cache)
+        state, outs = x.new_zeros(B, 1, self.config.n_embd), []  # R_{-1} = 0
+        for t in range(T):
+            outs.append(self.span_step(x[:, t:t + 1], idx[:, t:t + 1], range(t, t + 1), state, cache,
+                                       None if rec_mask is None else rec_mask[:, t:t + 1]))
+            state = outs[-1][2]
+        h, read, new = (torch.cat(z, 1) for z in zip(*outs))
+        return *m._above(h, m.state_input(read, rec_mask), cache, targets), new
 
     @torch.no_grad()
     def prefill(self, idx, cache, mode='exact', n_iter=8, tol=None):
         """GPT.prefill; the exact recurrence through the compiled span step (the other modes are
         parallel: model.py's)."""
-        m = self.model
-        if mode != 'exact' or self._span is None or m.rec == 'none':
-            return m.prefill(idx, cache, mode, n_iter, tol)
-        x, _, state = m._exact(idx, cache, span_step=self.span_step)
-        return m._logits_loss(x, None)[0], state, idx.size(1)
+        if mode != 'exact' or self._span is None or self.model.rec == 'none':
+            return self.model.prefill(idx, cache, mode, n_iter, tol)
+        logits, _, states = self.exact(idx, None, cache)
+        return logits, states[:, -1].contiguous(), idx.size(1)  # (B, d) laid out as decode_step's: no recompile
 
     @torch.no_grad()
     def forward(self, idx, targets=None, mode='exact', rec_mask=None, **scheme):
-        """GPT.forward's 'exact' and 'zero' modes with the compiled span step: train.py's evaluation.
-        scheme: the training schemes' settings (n_iter, ...), which these modes do not read."""
+        """GPT.forward's 'exact' mode with the compiled span step ('zero' is parallel: model.py's):
+        train.py's evaluation. scheme: the training schemes' settings (n_iter, ...), which these modes do not read."""
         m = self.model
         if m.config.recurrence == 'none' or mode not in ('exact', 'zero'):  # (an LSTM's config says 'none' too)
             raise ValueError(f"Engine.forward runs the exact and zero modes of a recurrent model, not {mode!r}")
-        cache = StaticKVCache(self.config.n_layer, idx.size(1))
-        x, _, _ = m._exact(idx, cache, rec_mask, mode == 'zero', span_step=self.span_step)
-        return m._logits_loss(x, targets)
+        return m(idx, targets, 'zero', rec_mask=rec_mask) if mode == 'zero' else self.exact(idx, targets, None, rec_mask)[:2]
 
     __call__ = forward
-    generate = GPT.generate  # model.py's loop, over this engine's new_cache, prefill and decode_step
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, prefill='exact', prefill_iters=8,
+                 return_logits=False, generator=None, stop_token=None, on_token=None, prefill_tol=None):
+        """GPT.generate's loop over this engine's cache (kept across calls), prefill and decode_step."""
+        check_generate(self.config, idx, max_new_tokens, temperature, top_k, prefill, prefill_iters, prefill_tol)
+        B, T0 = idx.shape
+        cache = self.new_cache(B, T0 + max_new_tokens)
+        logits, state, _ = self.prefill(idx, cache, prefill, prefill_iters, prefill_tol)
+        out, all_logits, done = [idx], [logits], torch.zeros(B, 1, dtype=torch.bool, device=idx.device)
+        for step in range(max_new_tokens):
+            tok = sample(logits[:, -1], temperature, top_k, generator)  # (B, 1)
+            out.append(tok)
+            if on_token is not None:
+                on_token(torch.cat(out, 1))
+            if stop_token is not None:
+                done |= tok == stop_token
+                if done.all():
+                    break
+            if step < max_new_tokens - 1:  # the position as a range: checked, then made a tensor
+                logits, state = self.decode_step(tok, range(T0 + step, T0 + step + 1), state, cache)
+                all_logits.append(logits)
+        return (torch.cat(out, 1), torch.cat(all_logits, 1)) if return_logits else torch.cat(out, 1)

@@ -390,13 +390,17 @@ class GPT(nn.Module):
             x = self.h[i](x, rope, pos, mask, cache, state_in)
         return x
 
-    def read(self, state, rec_mask=None):  # the StateIn of a pass from its tokens' states (B, T, d); None: plain
-        return None if state is None else StateIn(self, state, rec_mask)
+    def state_input(self, state, rec_mask=None):  # the StateIn of a pass from the states its tokens read (B, T, d)
+        return StateIn(self, state, rec_mask)
 
     def rope_and_mask(self, pos, cache):
         """The RoPE rows of the tokens at pos, and the attention mask: None where attention is
-        causal among the tokens (or one query sees the whole prefix), else (T, keys) causal_mask."""
+        causal among the tokens (or one query sees the whole prefix), else (T, keys) causal_mask.
+        pos a (1,) tensor (engine.py's compiled step): the mask covers the cache's whole buffer."""
         W = self.config.attn_window
+        if torch.is_tensor(pos):  # no shape or guard depends on the position
+            rope = (self.rope_cos.index_select(0, pos)[:, None], self.rope_sin.index_select(0, pos)[:, None])
+            return rope, causal_mask(pos, torch.arange(cache.max_len, device=pos.device), W)
         rope = (self.rope_cos[pos.start:pos.stop:pos.step, None], self.rope_sin[pos.start:pos.stop:pos.step, None])
         strided = cache is not None and len(pos) > 1 and not (pos.start == 0 and pos.step == 1)
         if W == 0 and not strided:
@@ -405,14 +409,14 @@ class GPT(nn.Module):
         qpos = torch.arange(pos.start, pos.stop, pos.step, device=kpos.device)
         return rope, causal_mask(qpos, kpos, W)
 
-    def next_state(self, h, state_in, rec_mask=None):
-        """The state token t hands to token t+1, from h = h^(e)_t and the state it read. A T2MLR
-        token that ran as the plain model (rec_mask False) hands on its raw h^(e)_t (the official code)."""
+    def next_state(self, h, state, rec_mask=None):
+        """The state a token hands on to the next, from h = h^(e)_t and the state it read (B, T, d).
+        A T2MLR token that ran as the plain model (rec_mask False) hands on its raw h^(e)_t (the official code)."""
         if self.rec == 't2mlr':
             # m_t = h^(e)_t + R_{t-1};  R_t = m_t * clamp(1/rms(m_t), 1/5, 5), the scale under detach
             # (the bounds are rec_scale_min/max: at the lower one the state's RMS exceeds 1)
-            detach = state_in is not None and self.config.rec_residual_detach  # the official S5, GSM8K recipes
-            R = state_in.detach() if detach else state_in  # (no gradient through the residual)
+            detach = state is not None and self.config.rec_residual_detach  # the official S5, GSM8K recipes
+            R = state.detach() if detach else state  # (no gradient through the residual)
             m = h + R if (self.config.rec_residual and R is not None) else h
             scale = torch.rsqrt(m.detach().pow(2).mean(-1, keepdim=True) + 1e-6)
             scale = scale.clamp(self.config.rec_scale_min, self.config.rec_scale_max)
@@ -421,24 +425,37 @@ class GPT(nn.Module):
         return F.rms_norm(h, (h.size(-1),), eps=self.config.norm_eps)
 
     def shift_states(self, states, idx, rec_mask=None):
-        """states: (B, T, d) produced by tokens 0..T-1 -> (B, T, d) read by tokens 0..T-1:
+        """states: (B, T, d) handed on by tokens 0..T-1 -> (B, T, d) read by tokens 0..T-1:
         shift(X)[:, t] = X[:, t-1], zero at t = 0 and at document starts (reset token)."""
         return self._reset(F.pad(states[:, :-1], (0, 0, 1, 0)), idx, rec_mask)
 
-    def _reset(self, state_in, idx, rec_mask=None):
+    def _reset(self, state, idx, rec_mask=None):
         # zero the state read at document starts, and where the recurrence is off
         if self.config.reset_token is not None:
-            state_in = state_in * (idx != self.config.reset_token).unsqueeze(-1).to(state_in.dtype)
+            state = state * (idx != self.config.reset_token).unsqueeze(-1).to(state.dtype)
         if rec_mask is not None:
-            state_in = state_in * rec_mask.unsqueeze(-1).to(state_in.dtype)
-        return state_in
+            state = state * rec_mask.unsqueeze(-1).to(state.dtype)
+        return state
+
+    def _below(self, idx, cache=None):  # blocks 0..s-1 never read the state: once, in parallel
+        return self.run_blocks(self.drop(self.wte(idx)), 0, self.s - 1, range(idx.size(1)), None, cache)
+
+    def _span(self, x, state_in, cache=None, recompute=False):
+        # blocks s..e over the whole sequence, reading state_in; recompute: keep only the inputs, rerun in backward
+        run = lambda x: self.run_blocks(x, self.s, self.e, range(x.size(1)), state_in, cache)
+        return checkpoint(run, x, use_reentrant=False) if recompute and torch.is_grad_enabled() else run(x)
+
+    def _above(self, h, state_in, cache, targets):  # blocks e+1..L-1 and the head -> (logits, loss)
+        x = self.run_blocks(h, self.e + 1, self.config.n_layer - 1, range(h.size(1)), state_in, cache)
+        return self._logits_loss(x, targets)
 
     def _logits_loss(self, x, targets):  # the padded vocabulary rows: never sampled, never in the loss
         logits = self.lm_head(self.ln_f(x))[..., :self.config.vocab_size]
         return logits, (None if targets is None else ce_loss(logits, targets))
 
     # ------------------------------------------------------------------
-    # forward passes
+    # forward passes: the three training schemes and the exact recurrence. Each one returns
+    # (logits (B, T, V), loss, the state each token hands on (B, T, d))
 
     def forward(self, idx, targets=None, mode='exact', n_iter=8, n_grad=4, n_subsets=2, rec_mask=None, n_rounds=1,
                 recompute=False, block_len=1, init_loss=True):
@@ -448,129 +465,104 @@ class GPT(nn.Module):
               'jacobi'       Jacobi iterations (D = n_iter, gradient through the last n_grad)
               'interleaved'  n_subsets strided subsets refined in order, n_rounds times
               'block'        chunks of block_len tokens in order, the state crossing chunk boundaries only
-              'zero'         the exact forward with every position reading an all-zero state
+              'zero'         every position reads an all-zero state (one chunk of T tokens)
         rec_mask: optional (B, T) bool, where the recurrence is on (default: everywhere).
         recompute: activation checkpointing of the passes that keep a graph (recomputed in backward);
-        init_loss: forward_interleaved's. With recurrence='none' every mode is the plain parallel forward."""
+        init_loss: _interleaved's. With recurrence='none' every mode is the plain parallel forward."""
         T = idx.size(1)
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
         check_scheme(mode, n_iter, n_grad, n_subsets, n_rounds, T, block_len)
         if self.rec == 'none' or mode == 'plain':
-            x = self.run_blocks(self.drop(self.wte(idx)), 0, self.config.n_layer - 1, range(T))
-        elif mode in ('exact', 'zero', 'block'):
-            C = block_len if mode == 'block' else 1
-            x, _, _ = self._exact(idx, KVCache(self.config.n_layer, T), rec_mask, mode == 'zero', C)
+            return self._logits_loss(self.run_blocks(self.drop(self.wte(idx)), 0, self.config.n_layer - 1, range(T)), targets)
+        if mode in ('exact', 'zero', 'block'):
+            out = self._sequential(idx, targets, {'exact': 1, 'zero': T, 'block': block_len}[mode], None, rec_mask)
         elif mode == 'jacobi':
-            x = self._jacobi(idx, n_iter, n_grad, None, rec_mask, recompute)[0]
+            out = self._jacobi(idx, targets, n_iter, n_grad, rec_mask, recompute)
         else:
-            return self.forward_interleaved(idx, targets, n_subsets, rec_mask, n_rounds, recompute, init_loss)
-        return self._logits_loss(x, targets)
+            out = self._interleaved(idx, targets, n_subsets, n_rounds, rec_mask, recompute, init_loss)
+        return out[:2]
 
-    def _exact(self, idx, cache, rec_mask=None, zero_state=False, chunk=1, span_step=None):
-        """The exact recurrence (DESIGN.md 5): token t reads the state token t-1 handed on. Below
-        and above the span run in parallel; only the span runs token by token. zero_state
-        (mode='zero'): no state is handed on, every token reads 0, so loss(zero) - loss(exact)
-        is what the state carries. span_step: the one-token step (engine.py passes its own).
-        chunk = C > 1: block training (DESIGN.md 7; the LRT paper's baseline): the span runs C tokens
-        at a time, the first reading the state the chunk before handed on, the others 0.
-        Returns (x_out (B, T, d), the states read (B, T, d), the last token's new state (B, d))."""
+    def _sequential(self, idx, targets=None, C=1, cache=None, rec_mask=None):
+        """The span run in order, C tokens at a time, each chunk's first token reading the state
+        the token before handed on, the others 0. C = 1: the exact recurrence (DESIGN.md 5), token
+        t reads the state token t-1 handed on. C > 1: block training (DESIGN.md 7; the LRT paper's
+        baseline). C = T: no state at all (mode 'zero': loss(zero) - loss(exact) is what it carries).
+        Below and above the span run in parallel."""
         B, T = idx.shape
-        x = self.run_blocks(self.drop(self.wte(idx)), 0, self.s - 1, range(T), None, cache)  # below
-        state = x.new_zeros(B, 1, self.config.n_embd)  # R_{-1} = 0
-        step, hs, reads = span_step or self.span_step, [], []  # hs: h^(e) of each token; reads: the state it read
-        for t in range(0, T, chunk):  # the recurrence, one token (or chunk) at a time
-            u = min(t + chunk, T)
-            mask = None if rec_mask is None else rec_mask[:, t:u]
-            st = state if u - t == 1 else F.pad(state, (0, 0, 0, u - t - 1))  # (B, u - t, d): 0 inside a chunk
-            h, read, new = step(x[:, t:u], idx[:, t:u], range(t, u), st, cache, mask)
-            hs.append(h)
-            reads.append(read)
-            if not zero_state:
-                state = new[:, -1:]
-        h, reads = torch.cat(hs, 1), torch.cat(reads, 1)
-        x = self.run_blocks(h, self.e + 1, self.config.n_layer - 1, range(T), self.read(reads, rec_mask), cache)  # above
-        return x, reads, state[:, 0]
+        cache = KVCache(self.config.n_layer, T) if cache is None else cache
+        x = self._below(idx, cache)
+        state, outs = x.new_zeros(B, 1, self.config.n_embd), []  # R_{-1} = 0
+        for t in range(0, T, C):
+            u = min(t + C, T)
+            st = state if u - t == 1 else F.pad(state, (0, 0, 0, u - t - 1))  # (B, u - t, d): 0 after the first
+            outs.append(self.span_step(x[:, t:u], idx[:, t:u], range(t, u), st, cache,
+                                       None if rec_mask is None else rec_mask[:, t:u]))
+            state = outs[-1][2][:, -1:]
+        h, read, new = (torch.cat(z, 1) for z in zip(*outs))  # each (B, T, d)
+        return *self._above(h, self.state_input(read, rec_mask), cache, targets), new
 
     def span_step(self, x, idx, pos, state, cache, rec_mask=None):
         """One token through the span: x (B, 1, d) its input to block s, idx (B, 1) the token, state
         (B, 1, d) what the token before handed on. -> (h^(e), the state read, the state handed on).
-        (Block training: n tokens at once, x, idx, state (B, n, ...), the states each one reads.)"""
+        (A chunk: n tokens at once, x, idx, state (B, n, ...), the states each one reads.)"""
         read = self._reset(state, idx, rec_mask)
-        h = self.run_blocks(x, self.s, self.e, pos, self.read(read, rec_mask), cache)
+        h = self.run_blocks(x, self.s, self.e, pos, self.state_input(read, rec_mask), cache)
         return h, read, self.next_state(h, read, rec_mask)
 
-    def _jacobi(self, idx, n_iter, n_grad, cache=None, rec_mask=None, recompute=False, tol=None):
+    def _jacobi(self, idx, targets, n_iter, n_grad, rec_mask=None, recompute=False):
         """Jacobi fixed-point iterations over the span (DESIGN.md 6), as the official code runs them
-        (D = n_iter): 1. a first guess: the span without the state ('plain': raw h^(e)), on the zero
-        state ('zero'), or the exact loop without gradient ('exact': the fixed point, so only the
-        iterations with gradient run); 2. D-1 iterations: fuse the shifted states, run the span, new
-        states; the last n_grad carry gradient; 3. a final pass. Exact after it: positions 0..D-1
-        ('plain'), 0..D ('zero'), all ('exact'). tol (prefill): stop once no state moves by more
-        than tol. -> (x_out, state_in, h_e, passes)."""
-        (B, T), D, grad = idx.shape, n_iter, torch.is_grad_enabled()
-
-        def span(st, state_in=None):  # one pass of the span over the whole sequence, reading states st
-            run = lambda x, st: self.run_blocks(x, self.s, self.e, range(T), state_in or self.read(st, rec_mask), cache)
-            # with recompute: keep only the inputs, recompute the pass in backward
-            return checkpoint(run, x, st, use_reentrant=False) if recompute and torch.is_grad_enabled() else run(x, st)
-
-        # the layers below the span do not depend on the state: run them once
-        x = self.run_blocks(self.drop(self.wte(idx)), 0, self.s - 1, range(T), None, cache)
-        # 1. initial pass; it carries gradient only when every pass does (n_grad = D)
-        with torch.set_grad_enabled(grad and n_grad >= D):
-            if self.config.jacobi_init == 'exact':  # the fixed point itself, token by token (no gradient)
-                with torch.no_grad():
-                    state_in = self._exact(idx, KVCache(self.config.n_layer, T), rec_mask)[1]
-            elif self.config.jacobi_init == 'plain':
-                h = self.run_blocks(x, self.s, self.e, range(T), None, cache)
-                plain = torch.zeros(B, T, dtype=torch.bool, device=idx.device)
-                state_in = self.shift_states(self.next_state(h, None, plain), idx, rec_mask)
-            else:
-                zero = x.new_zeros(B, T, self.config.n_embd)
-                state_in = self.shift_states(self.next_state(span(zero), zero, rec_mask), idx, rec_mask)
-        # 2. D-1 iterations; iteration d has D-1-d left and carries gradient when that is <= n_grad.
-        # From the exact states ('exact') the ones without gradient would change nothing: skipped
+        (D = n_iter): 1. a first guess of the states read (_jacobi_guess); 2. D-1 iterations, the
+        last n_grad with gradient; 3. a final pass, the span and the layers above. Exact after it:
+        positions 0..D-1 (jacobi_init 'plain'), 0..D ('zero'), all ('exact')."""
+        D, grad = n_iter, torch.is_grad_enabled()
+        x = self._below(idx)
+        with torch.set_grad_enabled(grad and n_grad >= D):  # with gradient only when every pass has it
+            state = self._jacobi_guess(x, idx, rec_mask, None, recompute)
+        # iteration d has D-1-d left and carries gradient when that is <= n_grad. From the exact
+        # states ('exact') the ones without gradient would change nothing: skipped
         first = max(0, D - 1 - (n_grad if grad else 0)) if self.config.jacobi_init == 'exact' else 0
-        passes = 2  # the initial pass (or the exact loop) and the final pass
         for d in range(first, D - 1):
             with torch.set_grad_enabled(grad and D - 1 - d <= n_grad):
-                new = self.shift_states(self.next_state(span(state_in), state_in, rec_mask), idx, rec_mask)
-            converged = tol is not None and (new - state_in).abs().max().item() <= tol
-            state_in, passes = new, passes + 1
-            if converged:  # a fixed point: more iterations change nothing
-                break
-        # 3. final pass: the span, then the layers above, with the state it read
-        read = self.read(state_in, rec_mask)  # one StateIn for the span and the layers above
-        h = span(state_in, read)
-        x = self.run_blocks(h, self.e + 1, self.config.n_layer - 1, range(T), read, cache)
-        return x, state_in, h, passes
+                state = self._jacobi_step(x, idx, state, rec_mask, None, recompute)
+        return self._jacobi_final(x, idx, state, targets, rec_mask, None, recompute)
 
-    def forward_interleaved(self, idx, targets=None, n_subsets=2, rec_mask=None, n_rounds=1, recompute=False, init_loss=True):
+    def _jacobi_guess(self, x, idx, rec_mask=None, cache=None, recompute=False):
+        """Jacobi's first guess of the states read, (B, T, d), from x the input of block s:
+        'plain' (official): the span without the state, each token handing on its raw h^(e);
+        'zero': one iteration from the zero state; 'exact': the exact loop itself, without gradient."""
+        if self.config.jacobi_init == 'exact':
+            with torch.no_grad():
+                return self.shift_states(self._sequential(idx, None, 1, None, rec_mask)[2], idx, rec_mask)
+        if self.config.jacobi_init == 'zero':
+            return self._jacobi_step(x, idx, torch.zeros_like(x), rec_mask, cache, recompute)
+        plain = torch.zeros(idx.shape, dtype=torch.bool, device=idx.device)  # no token reads a state
+        return self.shift_states(self.next_state(self._span(x, None, cache), None, plain), idx, rec_mask)
+
+    def _jacobi_step(self, x, idx, state, rec_mask=None, cache=None, recompute=False):
+        # one iteration: every token runs the span reading its guess (B, T, d) -> the next guess
+        h = self._span(x, self.state_input(state, rec_mask), cache, recompute)
+        return self.shift_states(self.next_state(h, state, rec_mask), idx, rec_mask)
+
+    def _jacobi_final(self, x, idx, state, targets, rec_mask=None, cache=None, recompute=False):
+        # the final pass: the span and the layers above, reading the last guess (one StateIn for both)
+        state_in = self.state_input(state, rec_mask)
+        h = self._span(x, state_in, cache, recompute)
+        return *self._above(h, state_in, cache, targets), self.next_state(h, state, rec_mask)
+
+    def _interleaved(self, idx, targets, n_subsets=2, n_rounds=1, rec_mask=None, recompute=False, init_loss=True):
         """Interleaved subset refinement (DESIGN.md 7), subset i = positions t % S == i, refined R =
         n_rounds times over (R > 1: our extension for deep chains; S = 1: the official multi-refine).
-        Exact: the first max(R*S, R+1) positions. -> (logits, each position's from the last pass
-        that refined it; loss, the mean of the 1 + R*S pass losses; init_loss=False: of the R*S refinements' alone)."""
-        (B, T), S, L = idx.shape, n_subsets, self.config.n_layer
-
-        def refine(x, st, P, mask, ks, vs):
-            # blocks s..L-1 for the tokens at positions P, reading states st, over the key/value
-            # buffer (ks, vs: layers s..L-1) the passes before left. -> (h^(e), the output, the
-            # buffer after): a pure function, so that checkpointing can recompute it in backward
-            buf = KVCache(L, T)
-            buf.k[self.s:], buf.v[self.s:] = ks, vs
-            read = self.read(st, mask)
-            h = self.run_blocks(x, self.s, self.e, P, read, buf)
-            return h, self.run_blocks(h, self.e + 1, L - 1, P, read, buf), buf.k[self.s:], buf.v[self.s:]
-
-        recompute = recompute and torch.is_grad_enabled()  # keep only a pass's inputs, recompute it in backward
-        run = (lambda *args: checkpoint(refine, *args, use_reentrant=False)) if recompute else refine
-
-        xs = self.run_blocks(self.drop(self.wte(idx)), 0, self.s - 1, range(T))  # below: once
-        # 1. init pass with zero memory; keep its keys/values and the source states
-        zero = xs.new_zeros(B, T, self.config.n_embd)
-        h, out, ks, vs = run(xs, zero, range(T), rec_mask, [None] * (L - self.s), [None] * (L - self.s))
-        states = self.next_state(h, zero, rec_mask)  # (B, T, d) the latest state produced by each token
+        Exact: the first max(R*S, R+1) positions. Logits: each position's from the last pass that
+        refined it; loss: the mean of the 1 + R*S pass losses (init_loss=False: of the R*S refinements')."""
+        (B, T), S = idx.shape, n_subsets
+        run = self._refine if not (recompute and torch.is_grad_enabled()) else \
+            lambda *args: checkpoint(self._refine, *args, use_reentrant=False)  # recomputed in backward
+        xs = self._below(idx)
+        # 1. init pass with zero memory; keep its keys/values and the states it hands on
+        zero = torch.zeros_like(xs)
+        h, out, kv = run(xs, zero, range(T), rec_mask, None)
+        states = self.next_state(h, zero, rec_mask)  # (B, T, d) the latest state handed on by each token
         logits, loss0 = self._logits_loss(out, targets if init_loss else None)  # no loss where it does not count
         logits, losses = torch.empty_like(logits), [loss0] if init_loss else []
         # 2. refine the subsets in order, R times over; each sees the states refined before it
@@ -578,12 +570,23 @@ class GPT(nn.Module):
             for i in range(S):
                 mask = None if rec_mask is None else rec_mask[:, i::S]
                 st = self.shift_states(states, idx, rec_mask)[:, i::S]  # memory shift(h_latest) at subset i
-                h, out, ks, vs = run(xs[:, i::S], st, range(i, T, S), mask, ks, vs)
+                h, out, kv = run(xs[:, i::S], st, range(i, T, S), mask, kv)
                 states = states.slice_scatter(self.next_state(h, st, mask), dim=1, start=i, end=T, step=S)
-                logits_i, loss_i = self._logits_loss(out, None if targets is None else targets[:, i::S])
-                logits[:, i::S] = logits_i  # in place: a later round overwrites an earlier one
-                losses.append(loss_i)
-        return logits, None if targets is None else sum(losses) / len(losses)  # 3. the mean of the pass losses
+                logits[:, i::S], loss_i = self._logits_loss(out, None if targets is None else targets[:, i::S])
+                losses.append(loss_i)  # (a later round overwrites an earlier one's logits)
+        return logits, None if targets is None else sum(losses) / len(losses), states  # 3. the mean of the pass losses
+
+    def _refine(self, x, state, P, rec_mask, kv):
+        """Blocks s..L-1 for the tokens at positions P, reading states state, over the keys/values
+        kv = (k, v) of blocks s..L-1 the passes before left (None: the init pass). -> (h^(e), the
+        output, the keys/values after): a pure function, so that checkpointing can recompute it."""
+        L = self.config.n_layer
+        buf = KVCache(L, P.stop)  # P.stop = T for every subset
+        if kv is not None:
+            buf.k[self.s:], buf.v[self.s:] = kv
+        state_in = self.state_input(state, rec_mask)
+        h = self.run_blocks(x, self.s, self.e, P, state_in, buf)
+        return h, self.run_blocks(h, self.e + 1, L - 1, P, state_in, buf), (buf.k[self.s:], buf.v[self.s:])
 
     # ------------------------------------------------------------------
     # generation: KV cache + one state vector per sequence, one pass per token
@@ -595,35 +598,41 @@ class GPT(nn.Module):
         tol, at most T iterations: exact by construction); 'plain' (no recurrence in the prompt)."""
         B, T = idx.shape
         if self.rec == 'none':
-            x = self.run_blocks(self.wte(idx), 0, self.config.n_layer - 1, range(T), None, cache)
-            return self._logits_loss(x, None)[0], None, 0
-        passes = T if mode == 'exact' else 0
+            return self._logits_loss(self.run_blocks(self.wte(idx), 0, self.config.n_layer - 1, range(T), None, cache), None)[0], None, 0
         if mode == 'exact':
-            x, _, state = self._exact(idx, cache)
-        elif mode == 'jacobi':
-            # the state of the last prompt token from the final pass (one refinement beyond
-            # the official code, which seeds decoding from its last iteration)
-            x, state_in, h, passes = self._jacobi(idx, T if tol is not None else n_iter, 0, cache, tol=tol)
-            state = self.next_state(h[:, -1:], state_in[:, -1:])[:, 0]
-        elif mode == 'plain':
-            x = self.run_blocks(self.wte(idx), 0, self.e, range(T), None, cache)
+            logits, _, states = self._sequential(idx, None, 1, cache)
+            return logits, states[:, -1].contiguous(), T  # (B, d) laid out as decode_step's (a compiled step guards strides)
+        if mode == 'plain':
+            h = self.run_blocks(self.wte(idx), 0, self.e, range(T), None, cache)
             plain = torch.zeros(B, 1, dtype=torch.bool, device=idx.device)
-            state = self.next_state(x[:, -1:], None, plain)[:, 0]  # a plain token hands on its raw h^(e) (T2MLR)
-            x = self.run_blocks(x, self.e + 1, self.config.n_layer - 1, range(T), None, cache)
-        else:
+            state = self.next_state(h[:, -1:], None, plain)[:, 0]  # a plain token hands on its raw h^(e) (T2MLR)
+            return self._above(h, None, cache, None)[0], state, 0
+        if mode != 'jacobi':
             raise ValueError(f"unknown prefill mode {mode!r}; expected 'exact', 'jacobi' or 'plain'")
-        return self._logits_loss(x, None)[0], state, passes
+        x = self._below(idx, cache)
+        state, passes = self._jacobi_guess(x, idx, None, cache), 2  # the guess and the final pass
+        for _ in range(0 if self.config.jacobi_init == 'exact' else (T if tol is not None else n_iter) - 1):
+            new = self._jacobi_step(x, idx, state, None, cache)
+            converged = tol is not None and (new - state).abs().max().item() <= tol
+            state, passes = new, passes + 1
+            if converged:  # a fixed point: more iterations change nothing
+                break
+        # the state of the last prompt token from the final pass (one refinement beyond the
+        # official code, which seeds decoding from its last iteration)
+        logits, _, states = self._jacobi_final(x, idx, state, None, None, cache)
+        return logits, states[:, -1].contiguous(), passes
 
     @torch.no_grad()
     def decode_step(self, tok, pos, state, cache):
         """One forward pass for one new token per sequence. tok: (B, 1) at position t, pos =
-        range(t, t + 1); state: (B, d) from token t-1. -> (logits (B, 1, V), new state (B, d))."""
-        check_decode_step(self.config, tok, pos, state, cache)  # (a position tensor: engine.py's compiled step)
+        range(t, t + 1) (or the (1,) tensor [t]: engine.py); state: (B, d) from token t-1.
+        -> (logits (B, 1, V), new state (B, d))."""
+        check_decode_step(self.config, tok, pos, state, cache)
         x = self.wte(tok)
         if self.rec == 'none':
             return self._logits_loss(self.run_blocks(x, 0, self.config.n_layer - 1, pos, None, cache), None)[0], None
         read = self._reset(state[:, None], tok)
-        state_in = self.read(read)  # once per token, for every layer
+        state_in = self.state_input(read)  # once per token, for every layer
         h = self.run_blocks(x, 0, self.e, pos, state_in, cache)
         x = self.run_blocks(h, self.e + 1, self.config.n_layer - 1, pos, state_in, cache)
         return self._logits_loss(x, None)[0], self.next_state(h, read)[:, 0]
@@ -634,10 +643,10 @@ class GPT(nn.Module):
         """idx: (B, T0) prompts -> (B, T0 + max_new_tokens) tokens (return_logits: and the logits
         of every next token). One forward pass per new token after the prefill. temperature 0 =
         greedy; on_token(tokens so far) after each token; stop_token: stop once every row made it.
-        (engine.Engine.generate: this loop over engine.py's steps.)"""
+        (engine.Engine.generate: the same loop over engine.py's compiled steps.)"""
         check_generate(self.config, idx, max_new_tokens, temperature, top_k, prefill, prefill_iters, prefill_tol)
         B, T0 = idx.shape
-        cache = self.new_cache(B, T0 + max_new_tokens)
+        cache = KVCache(self.config.n_layer, T0 + max_new_tokens)
         logits, state, _ = self.prefill(idx, cache, prefill, prefill_iters, prefill_tol)
         all_logits, out, done = [logits], [idx], torch.zeros(B, 1, dtype=torch.bool, device=idx.device)
         for step in range(max_new_tokens):
@@ -653,9 +662,6 @@ class GPT(nn.Module):
                 logits, state = self.decode_step(tok, range(T0 + step, T0 + step + 1), state, cache)
                 all_logits.append(logits)
         return (torch.cat(out, 1), torch.cat(all_logits, 1)) if return_logits else torch.cat(out, 1)
-
-    def new_cache(self, B, max_len):  # generate's KV cache (engine.py keeps one per shape (B, max_len))
-        return KVCache(self.config.n_layer, max_len)
 
     def param_groups(self, weight_decay, rec_lr_mult=1.0, rec_weight_decay=None, gate_lr_mult=1.0):
         """AdamW groups: decay on matrices (dim >= 2) only. The recurrence's own parameters get

@@ -300,14 +300,13 @@ def task_accuracy(model, X, Y, M=None, mode='exact', batch_size=256, ctx=nullcon
 @torch.no_grad()
 def jacobi_profile(model, X, M=None, K=None, rtol=1e-3, batch_size=64):
     """How fast Jacobi iterations reach the exact recurrence on rows X (n, T) (M: optional
-    recurrence mask). For k = 1..K (default T) runs model's Jacobi with D = k (model._jacobi,
-    the training schedule) and compares the states its final pass reads, and its predictions,
+    recurrence mask). For k = 1..K (default T) runs model's Jacobi with D = k (model._jacobi's
+    guess, steps and final pass, the training schedule) and compares the states its final pass reads, and its predictions,
     with the exact sequential recurrence's. A state is exact when ||s - s*|| <= rtol ||s*||.
     The worst case (a state that never contracts) is one more exact position per iteration.
     -> list over k of dict(k, state_exact: fraction of positions, pred_exact: fraction of
     positions with the exact argmax, prefix: mean over rows of the exact prefix length (leading
     positions all exact), prefix_min, max_change: the largest |state_k - state_{k-1}|)."""
-    from model import KVCache
     model.eval()
     device = model.lm_head.weight.device
     n, T = X.shape
@@ -316,16 +315,19 @@ def jacobi_profile(model, X, M=None, K=None, rtol=1e-3, batch_size=64):
     for i in range(0, n, batch_size):
         idx = torch.from_numpy(np.asarray(X[i:i + batch_size], dtype=np.int64)).to(device)
         m = None if M is None else torch.from_numpy(np.asarray(M[i:i + batch_size], dtype=np.bool_)).to(device)
-        x, exact_states, _ = model._exact(idx, KVCache(model.config.n_layer, T), m)
-        exact_pred = model._logits_loss(x, None)[0].argmax(-1)
+        exact_pred, _, exact_states = model._sequential(idx, None, 1, None, m)
+        exact_pred, exact_states = exact_pred.argmax(-1), model.shift_states(exact_states, idx, m)  # the states read
+        x = model._below(idx)
+        states = model._jacobi_guess(x, idx, m)  # D = 1: the guess alone; each D after it one iteration more
         prev = None
         for r in sums:
-            x, states, _, _ = model._jacobi(idx, r['k'], 0, None, m)
+            if prev is not None and model.config.jacobi_init != 'exact':  # (from the exact states: none run)
+                states = model._jacobi_step(x, idx, states, m)
             err = (states - exact_states).double().norm(dim=-1)
             ok = err <= rtol * exact_states.double().norm(dim=-1)  # (B, T); a zero state must match exactly
             prefix = ok.long().cumprod(1).sum(1)  # leading exact positions per row
             r['state_exact'] += ok.sum().item()
-            r['pred_exact'] += (model._logits_loss(x, None)[0].argmax(-1) == exact_pred).sum().item()
+            r['pred_exact'] += (model._jacobi_final(x, idx, states, None, m)[0].argmax(-1) == exact_pred).sum().item()
             r['prefix'] += prefix.sum().item()
             r['prefix_min'] = min(r['prefix_min'], prefix.min().item())
             if prev is not None:

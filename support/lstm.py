@@ -108,7 +108,7 @@ class LSTM(nn.Module):
         y, (h, c) = self.lstm(self.wte(tok), (state[0], state[1]))
         return self._logits_loss(y, None)[0], torch.stack([h, c])
 
-    generate, new_cache = GPT.generate, GPT.new_cache
+    generate = GPT.generate
 
     def param_groups(self, weight_decay, rec_lr_mult=1.0, rec_weight_decay=None, gate_lr_mult=1.0):
         """AdamW groups as GPT.param_groups makes them: decay on matrices (dim >= 2) only. There

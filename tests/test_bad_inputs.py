@@ -410,7 +410,7 @@ def test_generate_and_decode_step_check_their_inputs():
         with pytest.raises(ValueError, match=r'pos = range\(t, t \+ 1\)'):  # lab/official.py's int, once
             step(tok, 3, state, KVCache(2, 20))
     for gen in (m, Engine(m, compile=False)):  # prefilled at batch 1, decoded at batch 4: once a cache of zeros
-        cache = gen.new_cache(1, 10)
+        cache = KVCache(2, 10) if gen is m else gen.new_cache(1, 10)  # (the engine's: a static one)
         _, state, _ = gen.prefill(x, cache)
         with pytest.raises(ValueError, match='4 token rows, but the KV cache holds 1'):
             gen.decode_step(torch.zeros(4, 1, dtype=torch.long), range(2, 3), state.expand(4, -1), cache)

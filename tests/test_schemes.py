@@ -86,7 +86,7 @@ def test_interleaved_rounds_loss_is_mean_of_passes():
     # the positions of subset i (no later pass of round r touches them)
     T = idx.size(1)
     x, zero = m.wte(idx), torch.zeros(idx.size(0), T, m.config.n_embd, dtype=m.wte.weight.dtype)
-    init = m.run_blocks(x, 0, m.config.n_layer - 1, range(T), m.read(zero))
+    init = m.run_blocks(x, 0, m.config.n_layer - 1, range(T), m.state_input(zero))
     parts = [ce_loss(m.lm_head(m.ln_f(init)), tgt)]
     for r in (1, 2, 3):
         logits = m(idx, mode='interleaved', n_subsets=2, n_rounds=r)[0]
@@ -102,7 +102,7 @@ def test_interleaved_loss_is_mean_of_passes():
     from model import ce_loss
     T = idx.size(1)
     x = m.wte(idx)
-    zero = m.run_blocks(x, 0, m.config.n_layer - 1, range(T), m.read(torch.zeros_like(x)))
+    zero = m.run_blocks(x, 0, m.config.n_layer - 1, range(T), m.state_input(torch.zeros_like(x)))
     l0 = ce_loss(m.lm_head(m.ln_f(zero)), tgt)  # init pass = one pass of every layer with the zero state
     logits = m(idx, mode='interleaved', n_subsets=2)[0]
     l1, l2 = ce_loss(logits[:, 0::2], tgt[:, 0::2]), ce_loss(logits[:, 1::2], tgt[:, 1::2])
