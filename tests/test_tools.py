@@ -169,3 +169,25 @@ def test_pool(tmp_path):
     json.dump(d, open(tmp_path / 'e.json', 'w'))
     r = pool(f'va=va:{tmp_path / "e.json"}')
     assert r.returncode != 0 and "no split 'test_94'" in r.stderr and 'Traceback' not in r.stderr
+
+
+def test_relabel(tmp_path):
+    """lab/relabel.py: --drop=state unlabels the training split's moves only; --ask_at=move puts
+    each slot's value at the move before it, in every split, and unlabels the slots."""
+    sys.path.insert(0, os.path.join(REPO, 'lab'))
+    from relabel import relabel
+    from support.tasks import position_kinds
+    prepare.main(['s5_retrieval', '--group=S3', '--k=1', '--n_actions=5', '--test_actions=7', '--n_train=30',
+                  '--n_val=4', '--n_test=4', f"--out_dir={tmp_path / 'r'}"])
+    meta = load_meta(str(tmp_path / 'r'))
+    y = lambda d, split: np.fromfile(tmp_path / d / f'{split}_y.bin', dtype=np.int32).reshape(-1, meta['splits'][split]['len'])
+    relabel('r', drop='state', data_root=str(tmp_path))
+    relabel('r', ask_at='move', data_root=str(tmp_path))
+    for split in ('train', 'test_7'):
+        k, old, ns, am = position_kinds(meta, split), y('r', split), y('r_nostate', split), y('r_atmove', split)
+        assert (ns[:, ~k['state']] == old[:, ~k['state']]).all()
+        assert (ns[:, k['state']] == -1).all() if split == 'train' else (ns == old).all()
+        assert (am[:, k['state']] == old[:, k['value']]).all() and (am[:, k['value']] == -1).all()
+        assert (am[:, ~(k['state'] | k['value'])] == old[:, ~(k['state'] | k['value'])]).all()
+        for d in ('r_nostate', 'r_atmove'):  # the inputs untouched
+            assert (tmp_path / d / f'{split}_x.bin').read_bytes() == (tmp_path / 'r' / f'{split}_x.bin').read_bytes()

@@ -1,0 +1,58 @@
+"""
+A copy of an s5_retrieval dataset (official layout) with its labels moved or removed, to find
+which half of the task a model fails and why (docs/evidence.md, "What blocks the lookup"). The
+inputs are untouched; only {split}_y.bin changes.
+
+$ python lab/relabel.py s5_retrieval_S3 --drop=state    # -> data/s5_retrieval_S3_nostate
+$ python lab/relabel.py s5_retrieval_S3 --ask_at=move   # -> data/s5_retrieval_S3_atmove
+
+--drop=state   the states are not labelled in training (the value slots and the dictionary's
+               copies are); the evaluation splits keep every label
+--ask_at=move  the value is asked at the move itself (its own key, as prepare.py assoc asks
+               it) instead of at the slot after it; the states and slots are not labelled. In
+               every split, so a run's "state" accuracy is then the lookup's accuracy
+"""
+
+import json
+import os
+import shutil
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+from support.dataset import DATA_DIR  # noqa: E402
+from support.tasks import position_kinds  # noqa: E402
+
+
+def relabel(name, drop=None, ask_at=None, data_root=DATA_DIR):
+    src = os.path.join(data_root, name)
+    meta = json.load(open(os.path.join(src, 'meta.json')))
+    if (meta.get('task') or {}).get('layout') != 'official' or (drop, ask_at) not in (('state', None), (None, 'move')):
+        sys.exit(f"{name}: needs s5_retrieval data in the official layout and one of --drop=state, --ask_at=move")
+    if ask_at and meta['task']['k'] != 1:
+        sys.exit(f"{name}: --ask_at=move needs one value character a key (k=1), not k={meta['task']['k']}")
+    dst = os.path.join(data_root, f"{name}_{'nostate' if drop else 'atmove'}")
+    os.makedirs(dst, exist_ok=True)
+    for f in os.listdir(src):
+        if f.endswith('.bin'):
+            shutil.copy(os.path.join(src, f), os.path.join(dst, f))
+    for split, s in meta['splits'].items():
+        path = os.path.join(dst, f'{split}_y.bin')
+        y = np.fromfile(path, dtype=np.int32).reshape(s['n'], s['len'])  # (rows, T), -1 = no label
+        kinds = position_kinds(meta, split)  # (T,) bool each: the moves, the value slots after them
+        if drop and split == 'train':
+            y[:, kinds['state']] = -1
+        if ask_at:
+            y[:, kinds['state']], y[:, kinds['value']] = y[:, kinds['value']], -1
+        y.tofile(path)
+    json.dump({**meta, 'name': os.path.basename(dst)}, open(os.path.join(dst, 'meta.json'), 'w'))
+    print(f"wrote {dst}")
+    return dst
+
+
+if __name__ == '__main__':
+    args = dict(a.removeprefix('--').split('=', 1) for a in sys.argv[2:])
+    if len(sys.argv) < 3 or set(args) - {'drop', 'ask_at', 'data_root'}:
+        sys.exit(__doc__)
+    relabel(sys.argv[1], args.get('drop'), args.get('ask_at'), args.get('data_root', DATA_DIR))
