@@ -87,8 +87,6 @@ grad_clip = 1.0          # clip the global gradient norm to this; 0 = off
 rec_lr_mult = 1.0        # lr multiplier of the recurrence's own parameters (retrofit: 100)
 rec_weight_decay = None  # weight decay of the recurrence's own matrices; None = weight_decay (official S5 recipe: 0.01)
 gate_lr_mult = 1.0       # T2MLR: lr multiplier of the scalar gates g_cur, g_rec, on top of rec_lr_mult (docs/recipe.md)
-skip_spike = 0.0         # > 0: skip a step whose gradient norm is > skip_spike x the median of the last 50 (docs/recipe.md)
-skip_spike_arm = 0.0     # > 0: that guard is armed at the first step whose train loss is below this (out of the plateau)
 warmup_iters = 100       # linear warmup steps, then cosine decay
 lr_decay_iters = -1      # the cosine reaches min_lr here; -1 = max_iters
 min_lr = 1e-4            # the learning rate at the end of the decay
@@ -262,7 +260,7 @@ def checkpoint():
                cuda=torch.cuda.get_rng_state() if device_type == 'cuda' else None)
     return dict(model=raw_model.state_dict(), model_args=asdict(raw_model.config), optimizer=optimizer.state_dict(),
                 iter_num=iter_num, best_val_loss=best_val_loss, config=config, data_gen=data_gen.get_state(),
-                recent_grad_norms=step_stats.recent, guard_armed=step_stats.armed, rng=rng, pretrained=pretrained, data=data_fingerprint(meta), version=1)
+                rng=rng, pretrained=pretrained, data=data_fingerprint(meta), version=1)
 
 
 # -----------------------------------------------------------------------------
@@ -271,7 +269,7 @@ def checkpoint():
 PEAK_FLOPS = 989e12  # for the MFU on cuda: H100/H200 bf16 dense
 
 t0, exit_code, stop_signal = time.time(), 0, 0
-step_stats = StepStats(grad_clip, recent=(ckpt or {}).get('recent_grad_norms', []), armed=(ckpt or {}).get('guard_armed', False))
+step_stats = StepStats(grad_clip)
 divergence = lambda what: stop_diverged(what, iter_num, master, ckpt_path, best_path)
 # every check has passed: an old run to overwrite moves aside, deleted at this run's first checkpoint
 aside = set_aside_previous_run(out_dir) if overwrite and init_from != 'resume' and not eval_only and master else None
@@ -333,13 +331,7 @@ try:
             step_stats.add(check.loss, check.grad_norm)
             if check.diverged:  # before optimizer.step: the weights are still the last good ones
                 divergence(check.diverged)
-            # a gradient spike (the recurrent chain's gradient exploding): clipping bounds its norm, not
-            # its direction, and AdamW would carry that direction on for ~1/(1-beta1) steps: no update
-            armed = step_stats.armed
-            if not step_stats.spike(check.grad_norm, skip_spike, check.min_loss, skip_spike_arm):
-                scaler.step(optimizer)
-            if skip_spike_arm > 0 and step_stats.armed > armed and master:
-                print(f"iter {iter_num + 1}: train loss {check.min_loss:.4f} < skip_spike_arm={skip_spike_arm:g}: the spike guard is armed")
+            scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
             iter_num += 1
@@ -353,7 +345,6 @@ try:
                     mfu = flops_per_iter / dt / PEAK_FLOPS if device_type == 'cuda' else None
                     print(f"iter {iter_num}: loss {lossf.item():.4f} (mean {w['loss_mean']:.4f}, max {w['loss_max']:.4f}), "
                           f"grad norm {w['grad_norm']:.3g}" + (f" ({100 * w['clip_frac']:.0f}% clipped)" if grad_clip > 0 else "")
-                          + (f", {w['skipped']} skipped" if skip_spike > 0 else "")
                           + f", time {dt * 1000:.1f}ms, {tokens_per_iter / dt:,.0f} tok/s" + (f", mfu {100 * mfu:.1f}%" if mfu else ""))
                     log_json({'iter': iter_num, 'type': 'train', 'loss': lossf.item(), **w, 'lr': lr,
                               'dt_ms': dt * 1000, 'tok_per_s': tokens_per_iter / dt, 'mfu': mfu})
