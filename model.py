@@ -663,18 +663,18 @@ class GPT(nn.Module):
                 all_logits.append(logits)
         return (torch.cat(out, 1), torch.cat(all_logits, 1)) if return_logits else torch.cat(out, 1)
 
-    def param_groups(self, weight_decay, rec_lr_mult=1.0, rec_weight_decay=None, gate_lr_mult=1.0):
+    def param_groups(self, weight_decay, rec_lr_mult=1.0, gate_lr_mult=1.0):
         """AdamW groups: decay on matrices (dim >= 2) only. The recurrence's own parameters get
-        lr_mult = rec_lr_mult (the retrofit recipe: 100; train.py sets lr = base_lr * lr_mult), T2MLR's
+        lr_mult = rec_lr_mult (the retrofit recipe: 100; train.py sets lr = base_lr * lr_mult), and T2MLR's
         scalar gates g_cur, g_rec that times gate_lr_mult (docs/recipe.md: Adam moves a small scalar by
-        a large fraction a step), and the matrices rec_weight_decay (None: weight_decay; official S5: 0.01)."""
+        a large fraction a step)."""
         groups = {}
         for name, p in self.named_parameters():
             if not p.requires_grad:
                 continue
             rec = self.is_rec_param(name)
             mult = (rec_lr_mult if rec else 1.0) * (gate_lr_mult if p.dim() == 0 else 1.0)
-            wd = 0.0 if p.dim() < 2 else rec_weight_decay if rec and rec_weight_decay is not None else weight_decay
+            wd = 0.0 if p.dim() < 2 else weight_decay
             g = groups.setdefault((p.dim(), wd, mult), dict(params=[], weight_decay=wd, lr_mult=mult))  # by kind: resumable
             g['params'].append(p)
         return list(groups.values())

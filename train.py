@@ -85,7 +85,6 @@ weight_decay = 0.1       # AdamW's, on matrices
 beta2 = 0.95             # AdamW's second-moment decay (beta1 is 0.9)
 grad_clip = 1.0          # clip the global gradient norm to this; 0 = off
 rec_lr_mult = 1.0        # lr multiplier of the recurrence's own parameters (retrofit: 100)
-rec_weight_decay = None  # weight decay of the recurrence's own matrices; None = weight_decay (official S5 recipe: 0.01)
 gate_lr_mult = 1.0       # T2MLR: lr multiplier of the scalar gates g_cur, g_rec, on top of rec_lr_mult (docs/recipe.md)
 warmup_iters = 100       # linear warmup steps, then cosine decay
 lr_decay_iters = -1      # the cosine reaches min_lr here; -1 = max_iters
@@ -164,7 +163,7 @@ model.to(device)
 raw_model = model  # unwrapped and uncompiled: eval, generation and checkpoints use it
 recurrent = raw_model.config.recurrence != 'none'
 exact_engine = Engine(raw_model) if compile and recurrent else None  # compiled exact eval
-groups = raw_model.param_groups(weight_decay, rec_lr_mult, rec_weight_decay, gate_lr_mult)
+groups = raw_model.param_groups(weight_decay, rec_lr_mult, gate_lr_mult)
 fused = device_type == 'cuda'
 optimizer = torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, beta2), fused=fused)
 if ckpt is not None:

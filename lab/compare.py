@@ -131,8 +131,7 @@ MODELS = {
     't2mlr_w32_D4B4': [*T2_JACOBI, '--n_iter=4', '--n_grad=4', '--attn_window=32'],  # B varied at D=4
     # the recipe ablation (docs/recipe.md): one knob at a time against t2mlr_full_w32 (parity) and
     # t2mlr_w32_D32 (S3). rms1: the state's scale unclamped, R_t = m_t / rms(m_t) (RMS 1, as LRT's
-    # memory); lr1e3: half the learning rate, 5% warmup; wdrec: the official 0.01 weight decay on
-    # the recurrence's matrices; detach: no gradient through R_{t-1} in m_t = h_t + R_{t-1} (the
+    # memory); lr1e3: half the learning rate, 5% warmup; detach: no gradient through R_{t-1} in m_t = h_t + R_{t-1} (the
     # official S5 recipe); B4: gradient through the last 4 iterations; noclip: no gradient clipping
     # (the global norm is mostly the scalar gate g_rec's gradient: clipping it rescales every other one);
     # gate1: g_rec = 1 at init, the recurrent path open from the start (0: the official identity init)
@@ -143,7 +142,6 @@ MODELS = {
     't2mlr_full_w32_S32_gate1': [*T2_JACOBI, '--attn_window=32', '--train_mode=interleaved',
                                  '--n_subsets=32', '--rec_gate_init=1.0'],
     't2mlr_full_w32_noclip': [*T2_JACOBI, '--attn_window=32', '--grad_clip=0'],
-    't2mlr_full_w32_wdrec': [*T2_JACOBI, '--attn_window=32', '--rec_weight_decay=0.01'],
     't2mlr_full_w32_detach': [*T2_JACOBI, '--attn_window=32', '--rec_residual_detach=True'],
     't2mlr_full_w32_rms1_detach': [*T2_JACOBI, '--attn_window=32', '--rec_scale_min=1e-3',
                                    '--rec_scale_max=1e3', '--rec_residual_detach=True'],

@@ -110,9 +110,9 @@ class LSTM(nn.Module):
 
     generate = GPT.generate
 
-    def param_groups(self, weight_decay, rec_lr_mult=1.0, rec_weight_decay=None, gate_lr_mult=1.0):
+    def param_groups(self, weight_decay, rec_lr_mult=1.0, gate_lr_mult=1.0):
         """AdamW groups as GPT.param_groups makes them: decay on matrices (dim >= 2) only. There
-        are no recurrence parameters of the method's to give rec_lr_mult, rec_weight_decay or gate_lr_mult."""
+        are no recurrence parameters of the method's to give rec_lr_mult or gate_lr_mult."""
         params = [p for p in self.parameters() if p.requires_grad]
         return [dict(params=[p for p in params if p.dim() >= 2], weight_decay=weight_decay, lr_mult=1.0),
                 dict(params=[p for p in params if p.dim() < 2], weight_decay=0.0, lr_mult=1.0)]

@@ -57,9 +57,6 @@ def check_config(c):
     for k in ('learning_rate', 'min_lr', 'max_iters', 'warmup_iters', 'grad_clip', 'weight_decay', 'gate_lr_mult'):
         if not 0 <= getattr(c, k) < math.inf:  # nan and inf pass a `< 0` check, then "diverge" at step 1
             fail(f"{k}={getattr(c, k)}: must be >= 0 and finite")
-    wd = c.rec_weight_decay
-    if wd is not None and not (type(wd) in (int, float) and 0 <= wd < math.inf):
-        fail(f"rec_weight_decay={wd!r}: must be >= 0 and finite, or None for weight_decay's")
     if c.gate_interval < -1:
         fail(f"gate_interval={c.gate_interval}: must be >= -1 (-1: at evaluations only, 0: with every log line)")
     for k, (default, mode) in IDLE_SCHEME.items():  # a scheme setting another train_mode reads would do nothing
@@ -413,7 +410,7 @@ def init_model(init_from, arch, model_args, meta, dataset, ckpt_path, master):
     return model, ckpt, model_args, pretrained
 
 
-OPTIM_SETTINGS = {'weight_decay': 'weight_decay or rec_weight_decay', 'betas': 'beta2',
+OPTIM_SETTINGS = {'weight_decay': 'weight_decay', 'betas': 'beta2',
                   'lr_mult': 'rec_lr_mult or gate_lr_mult'}  # a group's setting -> train.py's
 
 
@@ -429,7 +426,7 @@ def restore_state(ckpt, ckpt_path, optimizer, data_gen, cuda):
         fail(f"{ckpt_path}: cannot resume the optimizer state (KeyError: {e})")
     except ValueError as e:  # another number or size of parameter groups
         fail(f"{ckpt_path}: the optimizer settings group the parameters differently from the checkpoint's (a changed "
-             f"weight_decay, rec_weight_decay, rec_lr_mult or gate_lr_mult that splits or merges groups: {e}): resume "
+             f"weight_decay, rec_lr_mult or gate_lr_mult that splits or merges groups: {e}): resume "
              f"with the run's own values, or start a new run")
     notes = set()
     for g, want in zip(optimizer.param_groups, wanted):
