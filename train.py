@@ -56,7 +56,6 @@ eval_examples_mid = 0    # the same at the evaluations before the last (0: eval_
 eval_batch_size = 256    # task data: rows per forward pass in that accuracy evaluation
 eval_only = False        # evaluate init_from's model once, then exit
 eval_first = True        # also evaluate before the first step (lab/compare.py turns it off)
-gate_interval = 0        # the gate statistics (an exact pass of 8 val rows) every so many steps; 0: every log line, -1: at evaluations
 init_from = 'scratch'    # 'scratch' | 'resume' (out_dir/ckpt.pt) | a Hugging Face Llama name or folder (retrofit)
 overwrite = False        # True: a new run may replace the run in out_dir (its ckpt.pt, best.pt, log.jsonl); else refused
 seed = 1337              # the weights' init, dropout and the batches' order
@@ -348,8 +347,8 @@ try:
                     log_json({'iter': iter_num, 'type': 'train', 'loss': lossf.item(), **w, 'lr': lr,
                               'dt_ms': dt * 1000, 'tok_per_s': tokens_per_iter / dt, 'mfu': mfu})
 
-            t_gates, gates = time.time(), gate_interval if gate_interval != 0 else log_interval
-            if gates > 0 and iter_num % gates == 0 and master and recurrent:
+            t_gates = time.time()  # the gate statistics with every log line
+            if iter_num % log_interval == 0 and master and recurrent:
                 x, _, rec_mask = get_batch('val', 8, torch.Generator().manual_seed(1234))  # not data_gen: training unchanged
                 log_json({'iter': iter_num, 'type': 'gates', **gate_stats(raw_model, x, rec_mask, autocast)})
             t0 += time.time() - t_gates  # the step time excludes this pass

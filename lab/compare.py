@@ -8,7 +8,7 @@ $ python prepare.py s5 --group=Z2 && python lab/compare.py
 Runs train.py once per (model, seed), one after another, each in its own out_dir
 under out_dir/, then writes out_dir/results.md, out_dir/results.json and
 out_dir/accuracy.png (if matplotlib is installed), and out_dir/gates.png: the gate
-statistics each run logs during training (train.py's gate_interval), i.e. how the
+statistics each run logs during training (with train.py's log lines), i.e. how the
 recurrence switches on from identity. A run whose final evaluation is already in its
 log is not run again, so an interrupted comparison picks up where it stopped.
 
@@ -294,7 +294,7 @@ def run(name, seed):
     cmd += [f'--data_root={data_root}', f'--dataset={dataset}', f'--out_dir={run_dir}', f'--seed={seed}',
             f'--max_iters={steps}', f'--eval_interval={every}', f'--lr_decay_iters={steps}',
             '--eval_first=False', '--eval_examples=1000', f'--eval_examples_mid={curve_examples}',
-            f'--gate_interval={max(1, steps // 30)}', '--overwrite=True'] + quick_args + extra.split()
+            '--overwrite=True'] + quick_args + extra.split()
     print(f"{name} seed {seed}: {' '.join(cmd[1:])}", flush=True)
     t0 = time.time()
     os.makedirs(run_dir, exist_ok=True)

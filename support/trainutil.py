@@ -57,8 +57,6 @@ def check_config(c):
     for k in ('learning_rate', 'min_lr', 'max_iters', 'warmup_iters', 'grad_clip', 'weight_decay', 'gate_lr_mult'):
         if not 0 <= getattr(c, k) < math.inf:  # nan and inf pass a `< 0` check, then "diverge" at step 1
             fail(f"{k}={getattr(c, k)}: must be >= 0 and finite")
-    if c.gate_interval < -1:
-        fail(f"gate_interval={c.gate_interval}: must be >= -1 (-1: at evaluations only, 0: with every log line)")
     for k, (default, mode) in IDLE_SCHEME.items():  # a scheme setting another train_mode reads would do nothing
         if getattr(c, k) == default or c.train_mode == mode:
             continue

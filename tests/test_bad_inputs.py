@@ -332,7 +332,6 @@ def test_engine_on_an_lstm(lstm_run):
     ("rec_scale_min = float('nan')", ['rec_scale_min=nan', 'finite']),
     ("rec_gate_init = float('nan')", ['rec_gate_init=nan', 'finite']),
     ("rec_gate_gain = float('inf')", ['rec_gate_gain=inf', 'finite']),
-    ("gate_interval = -2", ['gate_interval=-2', '>= -1']),
     ("block_len = 8", ['block_len=8', "train_mode='block' only", "'jacobi'"]),
     ("n_rounds = 4", ['n_rounds=4', "train_mode='interleaved' only"]),
     ("init_loss = False", ['init_loss=False', "train_mode='interleaved' only"]),
