@@ -74,7 +74,6 @@ n_iter = 8               # Jacobi: D iterations as in the official code (D+1 spa
 n_grad = 4               # Jacobi: B, the last iterations that carry gradient (plus the final pass)
 n_subsets = 2            # interleaved: S
 n_rounds = 1             # interleaved: R rounds of the S refinements (exact positions 0..R*S-1 in training)
-init_loss = True         # interleaved: the init pass's loss in the mean (LRT); False: the refinements' alone (S = T: exact)
 block_len = 4            # block: C, the chunk length (the state reaches a chunk from the one before only)
 recompute = False        # activation checkpointing: the passes that keep a graph are recomputed in backward
 # optimizer
@@ -211,7 +210,7 @@ def evaluate(final=True):
     raw_model.eval()
     out = {}
     modes = eval_modes(train_mode) if recurrent else [('approx', train_mode)]  # no state: all three are one
-    kw = lambda mode: dict(scheme, mode=mode, init_loss=init_loss)
+    kw = lambda mode: dict(scheme, mode=mode)
     engine = lambda mode: exact_engine if mode in ('exact', 'zero') else None
     for split in ['train', 'val'] + (['test'] if 'test' in meta['splits'] and not is_task else []):
         for tag, mode in modes:
@@ -317,7 +316,7 @@ try:
                 if ddp:  # synchronise gradients on the last micro-step only
                     model.require_backward_grad_sync = micro == accum_local - 1
                 with autocast:
-                    _, loss = model(x, y, rec_mask=rec_mask, recompute=recompute, init_loss=init_loss, **scheme)
+                    _, loss = model(x, y, rec_mask=rec_mask, recompute=recompute, **scheme)
                     loss_sum = loss_sum + loss.detach()
                     loss = loss / accum_local
                 scaler.scale(loss).backward()

@@ -101,11 +101,6 @@ MODELS = {
     # AdamW's second moment over ~1000 steps instead of ~20: a solved model's bursts meet the memory of
     # the escape's gradients instead of a near-zero v, so they are not blown up to full-size steps
     't2mlr_b2': ['config/t2mlr_small.py', '--beta2=0.999'],
-    # the recipe with the exact recurrence's loss alone: the init pass (zero memory) out of the mean.
-    # Its loss cannot fall below the no-state optimum, so after the solution its gradient is all there
-    # is (1e-2 against 1e-8) and AdamW follows it at the full learning rate (docs/recipe.md). Screened
-    # out: from step 0 it leaves training before the solution without its steadiest objective
-    't2mlr_noinit': [*T2_EXACT, '--init_loss=False'],
     't2mlr_full': [*T2_JACOBI],                                  # layers 0..3, Jacobi D=8 B=4
     't2mlr_mid': [*T2_JACOBI, '--rec_start=1', '--rec_end=2'],   # middle block 1..2
     't2mlr_full_D32': [*T2_JACOBI, '--n_iter=32', '--n_grad=4'],  # D >= T: exact training

@@ -82,7 +82,7 @@ class LSTM(nn.Module):
             nn.init.normal_(w, std=0.02)
 
     def forward(self, idx, targets=None, mode='exact', n_iter=8, n_grad=4, n_subsets=2, rec_mask=None, n_rounds=1,
-                recompute=False, compile=False, block_len=1, init_loss=True):
+                recompute=False, compile=False, block_len=1):
         """GPT.forward's interface: idx, targets (B, T) -> (logits (B, T, V), loss). Every mode is the
         one forward (the scheme arguments are only checked); rec_mask is ignored: the LSTM runs its
         recurrence everywhere, prompts included, as the official baseline does."""

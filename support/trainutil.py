@@ -27,8 +27,7 @@ from support.dataset import load_rec_mask, load_split
 # the scheme settings one train_mode reads, and train.py's defaults (which every mode accepts): a
 # value set for another scheme is refused, not ignored; under train_mode='plain' (no scheme: the
 # baseline run of a recurrent config), and n_subsets under any mode, it is a note
-IDLE_SCHEME = dict(n_subsets=(2, 'interleaved'), n_rounds=(1, 'interleaved'), init_loss=(True, 'interleaved'),
-                   block_len=(4, 'block'))
+IDLE_SCHEME = dict(n_subsets=(2, 'interleaved'), n_rounds=(1, 'interleaved'), block_len=(4, 'block'))
 
 
 def check_config(c):

@@ -334,7 +334,6 @@ def test_engine_on_an_lstm(lstm_run):
     ("rec_gate_gain = float('inf')", ['rec_gate_gain=inf', 'finite']),
     ("block_len = 8", ['block_len=8', "train_mode='block' only", "'jacobi'"]),
     ("n_rounds = 4", ['n_rounds=4', "train_mode='interleaved' only"]),
-    ("init_loss = False", ['init_loss=False', "train_mode='interleaved' only"]),
     ("train_mode = 'block'\nrecompute = True", ['recompute=True', "train_mode='block'"]),
     ("n_embd = 65536", ['n_embd=65536', 'GiB of float32 weights alone', 'memory available']),  # once: allocator traceback
 ])
