@@ -65,6 +65,16 @@ if '--freeze_gates' in args:
     config['gate_lr_mult'] = 0.0  # what train.py builds the groups from on resume (a changed setting is applied)
     print(f"froze {sum(len(g['params']) for g in frozen)} scalar gates")
 
+# settings train.py no longer has (git history keeps them), with the values that changed nothing:
+# a checkpoint from before their removal that ran at those replays as it ran; one that did not is
+# refused (gate_interval only set how often the gate statistics were logged: dropped whatever its value)
+REMOVED = dict(skip_spike=0.0, skip_spike_arm=0.0, rec_weight_decay=None, init_loss=True)
+for k in [*REMOVED, 'gate_interval']:
+    if k in REMOVED and k in config and config[k] != REMOVED[k]:
+        fail(f"{src}: the run used {k}={config[k]!r}, a setting train.py no longer has (git history keeps it): "
+             f"replay it with the train.py it ran with")
+    config.pop(k, None)
+
 os.makedirs(out_dir, exist_ok=True)
 torch.save(ckpt, os.path.join(out_dir, 'ckpt.pt'))
 # the run's own settings (all of train.py's, as the checkpoint recorded them), then the changes

@@ -509,3 +509,19 @@ def test_replay_retry_after_a_bad_override(world, tmp_path):
     assert 'never ran a step: replaced' in p.stdout and torch.load(out / 'ckpt.pt', weights_only=False)['iter_num'] == 3
     p = tool('replay.py', world / 'run' / 'ckpt.pt', out, '--max_iters=3', cwd=world)  # a replay that ran: kept
     one_line(p.returncode, p.stderr, 'already holds a run')
+
+
+@pytest.mark.parametrize('key,value,ok', [('skip_spike', 0.0, True), ('init_loss', True, True), ('gate_interval', 7, True),
+                                          ('skip_spike', 10.0, False), ('rec_weight_decay', 0.01, False)])
+def test_replay_of_a_run_with_a_removed_setting(world, tmp_path, key, value, ok):
+    # a checkpoint from before a setting's removal: at the value that changed nothing it is dropped
+    # (train.py then refuses only the bad override, not the old key); else refused in one line
+    ck = torch.load(world / 'run' / 'ckpt.pt', weights_only=False)
+    ck['config'][key] = value
+    torch.save(ck, tmp_path / 'old.pt')
+    p = tool('replay.py', tmp_path / 'old.pt', tmp_path / 'replay', '--no_such_key=1', cwd=world)
+    if ok:
+        assert p.returncode == 2 and "unknown config key 'no_such_key'" in p.stderr, p.stderr
+    else:
+        one_line(p.returncode, p.stderr, f'{key}={value!r}', 'no longer has')
+        assert not os.path.exists(tmp_path / 'replay')
