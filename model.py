@@ -458,7 +458,7 @@ class GPT(nn.Module):
     # (logits (B, T, V), loss, the state each token hands on (B, T, d))
 
     def forward(self, idx, targets=None, mode='exact', n_iter=8, n_grad=4, n_subsets=2, rec_mask=None, n_rounds=1,
-                recompute=False, block_len=1, init_loss=True):
+                recompute=False, block_len=1):
         """idx, targets: (B, T) token ids (targets -1 = no loss). Returns (logits (B, T, V), loss).
         mode: 'plain'        the backbone alone, recurrence bypassed
               'exact'        the exact sequential recurrence (what generation computes)
@@ -467,8 +467,8 @@ class GPT(nn.Module):
               'block'        chunks of block_len tokens in order, the state crossing chunk boundaries only
               'zero'         every position reads an all-zero state (one chunk of T tokens)
         rec_mask: optional (B, T) bool, where the recurrence is on (default: everywhere).
-        recompute: activation checkpointing of the passes that keep a graph (recomputed in backward);
-        init_loss: _interleaved's. With recurrence='none' every mode is the plain parallel forward."""
+        recompute: activation checkpointing of the passes that keep a graph (recomputed in backward).
+        With recurrence='none' every mode is the plain parallel forward."""
         T = idx.size(1)
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
@@ -480,7 +480,7 @@ class GPT(nn.Module):
         elif mode == 'jacobi':
             out = self._jacobi(idx, targets, n_iter, n_grad, rec_mask, recompute)
         else:
-            out = self._interleaved(idx, targets, n_subsets, n_rounds, rec_mask, recompute, init_loss)
+            out = self._interleaved(idx, targets, n_subsets, n_rounds, rec_mask, recompute)
         return out[:2]
 
     def _sequential(self, idx, targets=None, C=1, cache=None, rec_mask=None):
@@ -550,11 +550,11 @@ class GPT(nn.Module):
         h = self._span(x, state_in, cache, recompute)
         return *self._above(h, state_in, cache, targets), self.next_state(h, state, rec_mask)
 
-    def _interleaved(self, idx, targets, n_subsets=2, n_rounds=1, rec_mask=None, recompute=False, init_loss=True):
+    def _interleaved(self, idx, targets, n_subsets=2, n_rounds=1, rec_mask=None, recompute=False):
         """Interleaved subset refinement (DESIGN.md 7), subset i = positions t % S == i, refined R =
         n_rounds times over (R > 1: our extension for deep chains; S = 1: the official multi-refine).
         Exact: the first max(R*S, R+1) positions. Logits: each position's from the last pass that
-        refined it; loss: the mean of the 1 + R*S pass losses (init_loss=False: of the R*S refinements')."""
+        refined it; loss: the mean of the 1 + R*S pass losses."""
         (B, T), S = idx.shape, n_subsets
         run = self._refine if not (recompute and torch.is_grad_enabled()) else \
             lambda *args: checkpoint(self._refine, *args, use_reentrant=False)  # recomputed in backward
@@ -563,8 +563,8 @@ class GPT(nn.Module):
         zero = torch.zeros_like(xs)
         h, out, kv = run(xs, zero, range(T), rec_mask, None)
         states = self.next_state(h, zero, rec_mask)  # (B, T, d) the latest state handed on by each token
-        logits, loss0 = self._logits_loss(out, targets if init_loss else None)  # no loss where it does not count
-        logits, losses = torch.empty_like(logits), [loss0] if init_loss else []
+        logits, loss0 = self._logits_loss(out, targets)
+        logits, losses = torch.empty_like(logits), [loss0]
         # 2. refine the subsets in order, R times over; each sees the states refined before it
         for _ in range(n_rounds):
             for i in range(S):
@@ -663,18 +663,18 @@ class GPT(nn.Module):
                 all_logits.append(logits)
         return (torch.cat(out, 1), torch.cat(all_logits, 1)) if return_logits else torch.cat(out, 1)
 
-    def param_groups(self, weight_decay, rec_lr_mult=1.0, rec_weight_decay=None, gate_lr_mult=1.0):
+    def param_groups(self, weight_decay, rec_lr_mult=1.0, gate_lr_mult=1.0):
         """AdamW groups: decay on matrices (dim >= 2) only. The recurrence's own parameters get
-        lr_mult = rec_lr_mult (the retrofit recipe: 100; train.py sets lr = base_lr * lr_mult), T2MLR's
+        lr_mult = rec_lr_mult (the retrofit recipe: 100; train.py sets lr = base_lr * lr_mult), and T2MLR's
         scalar gates g_cur, g_rec that times gate_lr_mult (docs/recipe.md: Adam moves a small scalar by
-        a large fraction a step), and the matrices rec_weight_decay (None: weight_decay; official S5: 0.01)."""
+        a large fraction a step)."""
         groups = {}
         for name, p in self.named_parameters():
             if not p.requires_grad:
                 continue
             rec = self.is_rec_param(name)
             mult = (rec_lr_mult if rec else 1.0) * (gate_lr_mult if p.dim() == 0 else 1.0)
-            wd = 0.0 if p.dim() < 2 else rec_weight_decay if rec and rec_weight_decay is not None else weight_decay
+            wd = 0.0 if p.dim() < 2 else weight_decay
             g = groups.setdefault((p.dim(), wd, mult), dict(params=[], weight_decay=wd, lr_mult=mult))  # by kind: resumable
             g['params'].append(p)
         return list(groups.values())

@@ -56,7 +56,6 @@ eval_examples_mid = 0    # the same at the evaluations before the last (0: eval_
 eval_batch_size = 256    # task data: rows per forward pass in that accuracy evaluation
 eval_only = False        # evaluate init_from's model once, then exit
 eval_first = True        # also evaluate before the first step (lab/compare.py turns it off)
-gate_interval = 0        # the gate statistics (an exact pass of 8 val rows) every so many steps; 0: every log line, -1: at evaluations
 init_from = 'scratch'    # 'scratch' | 'resume' (out_dir/ckpt.pt) | a Hugging Face Llama name or folder (retrofit)
 overwrite = False        # True: a new run may replace the run in out_dir (its ckpt.pt, best.pt, log.jsonl); else refused
 seed = 1337              # the weights' init, dropout and the batches' order
@@ -75,7 +74,6 @@ n_iter = 8               # Jacobi: D iterations as in the official code (D+1 spa
 n_grad = 4               # Jacobi: B, the last iterations that carry gradient (plus the final pass)
 n_subsets = 2            # interleaved: S
 n_rounds = 1             # interleaved: R rounds of the S refinements (exact positions 0..R*S-1 in training)
-init_loss = True         # interleaved: the init pass's loss in the mean (LRT); False: the refinements' alone (S = T: exact)
 block_len = 4            # block: C, the chunk length (the state reaches a chunk from the one before only)
 recompute = False        # activation checkpointing: the passes that keep a graph are recomputed in backward
 # optimizer
@@ -85,10 +83,7 @@ weight_decay = 0.1       # AdamW's, on matrices
 beta2 = 0.95             # AdamW's second-moment decay (beta1 is 0.9)
 grad_clip = 1.0          # clip the global gradient norm to this; 0 = off
 rec_lr_mult = 1.0        # lr multiplier of the recurrence's own parameters (retrofit: 100)
-rec_weight_decay = None  # weight decay of the recurrence's own matrices; None = weight_decay (official S5 recipe: 0.01)
 gate_lr_mult = 1.0       # T2MLR: lr multiplier of the scalar gates g_cur, g_rec, on top of rec_lr_mult (docs/recipe.md)
-skip_spike = 0.0         # > 0: skip a step whose gradient norm is > skip_spike x the median of the last 50 (docs/recipe.md)
-skip_spike_arm = 0.0     # > 0: that guard is armed at the first step whose train loss is below this (out of the plateau)
 warmup_iters = 100       # linear warmup steps, then cosine decay
 lr_decay_iters = -1      # the cosine reaches min_lr here; -1 = max_iters
 min_lr = 1e-4            # the learning rate at the end of the decay
@@ -166,7 +161,7 @@ model.to(device)
 raw_model = model  # unwrapped and uncompiled: eval, generation and checkpoints use it
 recurrent = raw_model.config.recurrence != 'none'
 exact_engine = Engine(raw_model) if compile and recurrent else None  # compiled exact eval
-groups = raw_model.param_groups(weight_decay, rec_lr_mult, rec_weight_decay, gate_lr_mult)
+groups = raw_model.param_groups(weight_decay, rec_lr_mult, gate_lr_mult)
 fused = device_type == 'cuda'
 optimizer = torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, beta2), fused=fused)
 if ckpt is not None:
@@ -215,7 +210,7 @@ def evaluate(final=True):
     raw_model.eval()
     out = {}
     modes = eval_modes(train_mode) if recurrent else [('approx', train_mode)]  # no state: all three are one
-    kw = lambda mode: dict(scheme, mode=mode, init_loss=init_loss)
+    kw = lambda mode: dict(scheme, mode=mode)
     engine = lambda mode: exact_engine if mode in ('exact', 'zero') else None
     for split in ['train', 'val'] + (['test'] if 'test' in meta['splits'] and not is_task else []):
         for tag, mode in modes:
@@ -262,7 +257,7 @@ def checkpoint():
                cuda=torch.cuda.get_rng_state() if device_type == 'cuda' else None)
     return dict(model=raw_model.state_dict(), model_args=asdict(raw_model.config), optimizer=optimizer.state_dict(),
                 iter_num=iter_num, best_val_loss=best_val_loss, config=config, data_gen=data_gen.get_state(),
-                recent_grad_norms=step_stats.recent, guard_armed=step_stats.armed, rng=rng, pretrained=pretrained, data=data_fingerprint(meta), version=1)
+                rng=rng, pretrained=pretrained, data=data_fingerprint(meta), version=1)
 
 
 # -----------------------------------------------------------------------------
@@ -271,7 +266,7 @@ def checkpoint():
 PEAK_FLOPS = 989e12  # for the MFU on cuda: H100/H200 bf16 dense
 
 t0, exit_code, stop_signal = time.time(), 0, 0
-step_stats = StepStats(grad_clip, recent=(ckpt or {}).get('recent_grad_norms', []), armed=(ckpt or {}).get('guard_armed', False))
+step_stats = StepStats(grad_clip)
 divergence = lambda what: stop_diverged(what, iter_num, master, ckpt_path, best_path)
 # every check has passed: an old run to overwrite moves aside, deleted at this run's first checkpoint
 aside = set_aside_previous_run(out_dir) if overwrite and init_from != 'resume' and not eval_only and master else None
@@ -321,7 +316,7 @@ try:
                 if ddp:  # synchronise gradients on the last micro-step only
                     model.require_backward_grad_sync = micro == accum_local - 1
                 with autocast:
-                    _, loss = model(x, y, rec_mask=rec_mask, recompute=recompute, init_loss=init_loss, **scheme)
+                    _, loss = model(x, y, rec_mask=rec_mask, recompute=recompute, **scheme)
                     loss_sum = loss_sum + loss.detach()
                     loss = loss / accum_local
                 scaler.scale(loss).backward()
@@ -333,13 +328,7 @@ try:
             step_stats.add(check.loss, check.grad_norm)
             if check.diverged:  # before optimizer.step: the weights are still the last good ones
                 divergence(check.diverged)
-            # a gradient spike (the recurrent chain's gradient exploding): clipping bounds its norm, not
-            # its direction, and AdamW would carry that direction on for ~1/(1-beta1) steps: no update
-            armed = step_stats.armed
-            if not step_stats.spike(check.grad_norm, skip_spike, check.min_loss, skip_spike_arm):
-                scaler.step(optimizer)
-            if skip_spike_arm > 0 and step_stats.armed > armed and master:
-                print(f"iter {iter_num + 1}: train loss {check.min_loss:.4f} < skip_spike_arm={skip_spike_arm:g}: the spike guard is armed")
+            scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
             iter_num += 1
@@ -353,13 +342,12 @@ try:
                     mfu = flops_per_iter / dt / PEAK_FLOPS if device_type == 'cuda' else None
                     print(f"iter {iter_num}: loss {lossf.item():.4f} (mean {w['loss_mean']:.4f}, max {w['loss_max']:.4f}), "
                           f"grad norm {w['grad_norm']:.3g}" + (f" ({100 * w['clip_frac']:.0f}% clipped)" if grad_clip > 0 else "")
-                          + (f", {w['skipped']} skipped" if skip_spike > 0 else "")
                           + f", time {dt * 1000:.1f}ms, {tokens_per_iter / dt:,.0f} tok/s" + (f", mfu {100 * mfu:.1f}%" if mfu else ""))
                     log_json({'iter': iter_num, 'type': 'train', 'loss': lossf.item(), **w, 'lr': lr,
                               'dt_ms': dt * 1000, 'tok_per_s': tokens_per_iter / dt, 'mfu': mfu})
 
-            t_gates, gates = time.time(), gate_interval if gate_interval != 0 else log_interval
-            if gates > 0 and iter_num % gates == 0 and master and recurrent:
+            t_gates = time.time()  # the gate statistics with every log line
+            if iter_num % log_interval == 0 and master and recurrent:
                 x, _, rec_mask = get_batch('val', 8, torch.Generator().manual_seed(1234))  # not data_gen: training unchanged
                 log_json({'iter': iter_num, 'type': 'gates', **gate_stats(raw_model, x, rec_mask, autocast)})
             t0 += time.time() - t_gates  # the step time excludes this pass

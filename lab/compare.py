@@ -8,7 +8,7 @@ $ python prepare.py s5 --group=Z2 && python lab/compare.py
 Runs train.py once per (model, seed), one after another, each in its own out_dir
 under out_dir/, then writes out_dir/results.md, out_dir/results.json and
 out_dir/accuracy.png (if matplotlib is installed), and out_dir/gates.png: the gate
-statistics each run logs during training (train.py's gate_interval), i.e. how the
+statistics each run logs during training (with train.py's log lines), i.e. how the
 recurrence switches on from identity. A run whose final evaluation is already in its
 log is not run again, so an interrupted comparison picks up where it stopped.
 
@@ -89,37 +89,18 @@ MODELS = {
     # config/s3_t2mlr.py, the same run as t2mlr_full_w32_S32_gate1
     't2mlr': ['config/t2mlr_small.py'],
     't2mlr_gate1': [*T2_EXACT, '--rec_gate_init=1.0', '--gate_lr_mult=1.0'],
-    # screened: the gate open and the spike guard (a step whose gradient norm is > 10x the recent median is skipped)
-    't2mlr_skip10': [*T2_EXACT, '--rec_gate_init=1.0', '--skip_spike=10', '--gate_lr_mult=1.0'],
     # against the bursts of gradient, which land on the scalar gate g_rec (docs/recipe.md): the scalar
     # gates at a tenth of the learning rate, on the exact scheme (t2mlr_full_w32_S32); the recipe before
     # t2mlr_j32b1
     't2mlr_glr01': [*T2_EXACT, '--gate_lr_mult=0.1'],
-    # the recipe with the spike guard: a solved run's crash starts at a rare batch whose gradient is
-    # 1e4x the median, and the AdamW steps after it do the damage (docs/recipe.md, the replays)
-    't2mlr_guard': [*T2_EXACT, '--skip_spike=10'],
-    # the guard armed at the escape (the first step whose train loss is below 0.2): before it the run is
-    # the recipe's, step for step; after it, the rare burst that starts a solved model's crash is skipped
-    't2mlr_guard_late': [*T2_EXACT, '--skip_spike=10', '--skip_spike_arm=0.2'],
-    # screened out (docs/recipe.md): armed at 0.2 it arms half-way through the escape, whose own bursts
-    # it then skips; armed at 0.03 (the solved floor is 0.018, the init pass's share) it arms once solved
-    't2mlr_guard_solved': [*T2_EXACT, '--skip_spike=10', '--skip_spike_arm=0.03'],
     # the recipe with exact states but a one-step gradient: Jacobi D = 32 >= T (every position reads its
     # true state, as S = 32 gives) and B = 1 (the gradient through the last iteration and the final pass,
     # not the 32-step chain whose bursts throw runs back), and no init pass in the loss. LRT on S3 under this scheme
     # escapes earlier than under its exact one and never sees a large gradient (docs/recipe.md)
     't2mlr_j32b1': ['config/t2mlr_small.py', '--jacobi_init=plain', '--n_iter=32'],  # the same, iterated to the exact states
-    # the recipe with the spike guard armed once solved (train loss < 0.03): a solved model's Adam
-    # second moments are tiny, so one burst of gradient becomes a step of full size in its direction
-    't2mlr_guard_x': ['config/t2mlr_small.py', '--skip_spike=10', '--skip_spike_arm=0.03'],
     # AdamW's second moment over ~1000 steps instead of ~20: a solved model's bursts meet the memory of
     # the escape's gradients instead of a near-zero v, so they are not blown up to full-size steps
     't2mlr_b2': ['config/t2mlr_small.py', '--beta2=0.999'],
-    # the recipe with the exact recurrence's loss alone: the init pass (zero memory) out of the mean.
-    # Its loss cannot fall below the no-state optimum, so after the solution its gradient is all there
-    # is (1e-2 against 1e-8) and AdamW follows it at the full learning rate (docs/recipe.md). Screened
-    # out: from step 0 it leaves training before the solution without its steadiest objective
-    't2mlr_noinit': [*T2_EXACT, '--init_loss=False'],
     't2mlr_full': [*T2_JACOBI],                                  # layers 0..3, Jacobi D=8 B=4
     't2mlr_mid': [*T2_JACOBI, '--rec_start=1', '--rec_end=2'],   # middle block 1..2
     't2mlr_full_D32': [*T2_JACOBI, '--n_iter=32', '--n_grad=4'],  # D >= T: exact training
@@ -145,8 +126,7 @@ MODELS = {
     't2mlr_w32_D4B4': [*T2_JACOBI, '--n_iter=4', '--n_grad=4', '--attn_window=32'],  # B varied at D=4
     # the recipe ablation (docs/recipe.md): one knob at a time against t2mlr_full_w32 (parity) and
     # t2mlr_w32_D32 (S3). rms1: the state's scale unclamped, R_t = m_t / rms(m_t) (RMS 1, as LRT's
-    # memory); lr1e3: half the learning rate, 5% warmup; wdrec: the official 0.01 weight decay on
-    # the recurrence's matrices; detach: no gradient through R_{t-1} in m_t = h_t + R_{t-1} (the
+    # memory); lr1e3: half the learning rate, 5% warmup; detach: no gradient through R_{t-1} in m_t = h_t + R_{t-1} (the
     # official S5 recipe); B4: gradient through the last 4 iterations; noclip: no gradient clipping
     # (the global norm is mostly the scalar gate g_rec's gradient: clipping it rescales every other one);
     # gate1: g_rec = 1 at init, the recurrent path open from the start (0: the official identity init)
@@ -157,18 +137,12 @@ MODELS = {
     't2mlr_full_w32_S32_gate1': [*T2_JACOBI, '--attn_window=32', '--train_mode=interleaved',
                                  '--n_subsets=32', '--rec_gate_init=1.0'],
     't2mlr_full_w32_noclip': [*T2_JACOBI, '--attn_window=32', '--grad_clip=0'],
-    't2mlr_full_w32_wdrec': [*T2_JACOBI, '--attn_window=32', '--rec_weight_decay=0.01'],
     't2mlr_full_w32_detach': [*T2_JACOBI, '--attn_window=32', '--rec_residual_detach=True'],
     't2mlr_full_w32_rms1_detach': [*T2_JACOBI, '--attn_window=32', '--rec_scale_min=1e-3',
                                    '--rec_scale_max=1e3', '--rec_residual_detach=True'],
     # the mirror pair: the scheme apart from the architecture. T2MLR trained interleaved with S = T
     # (exact, the gradient through the whole chain, as LRT's S=32); LRT trained with Jacobi D = T, B = 1
     't2mlr_full_w32_S32': [*T2_JACOBI, '--attn_window=32', '--train_mode=interleaved', '--n_subsets=32'],
-    # the spike guard on the exact scheme: a step whose gradient norm is > 10x the median of the last 50 is skipped
-    't2mlr_full_w32_S32_skip10': [*T2_JACOBI, '--attn_window=32', '--train_mode=interleaved', '--n_subsets=32',
-                                  '--skip_spike=10'],
-    't2mlr_full_w32_S32_gate1_skip10': [*T2_JACOBI, '--attn_window=32', '--train_mode=interleaved', '--n_subsets=32',
-                                        '--rec_gate_init=1.0', '--skip_spike=10'],
     'lrt_w32_D32': ['config/lrt_small.py', '--attn_window=32', '--train_mode=jacobi', '--n_iter=32', '--n_grad=1'],
     't2mlr_w32_D32_rms1': [*T2_JACOBI, '--n_iter=32', '--n_grad=1', '--attn_window=32',
                            '--rec_scale_min=1e-3', '--rec_scale_max=1e3'],
@@ -315,7 +289,7 @@ def run(name, seed):
     cmd += [f'--data_root={data_root}', f'--dataset={dataset}', f'--out_dir={run_dir}', f'--seed={seed}',
             f'--max_iters={steps}', f'--eval_interval={every}', f'--lr_decay_iters={steps}',
             '--eval_first=False', '--eval_examples=1000', f'--eval_examples_mid={curve_examples}',
-            f'--gate_interval={max(1, steps // 30)}', '--overwrite=True'] + quick_args + extra.split()
+            '--overwrite=True'] + quick_args + extra.split()
     print(f"{name} seed {seed}: {' '.join(cmd[1:])}", flush=True)
     t0 = time.time()
     os.makedirs(run_dir, exist_ok=True)

@@ -1,7 +1,7 @@
 """
 Replay a run from one of its checkpoints, unchanged or with one change: the experiment of
 docs/recipe.md ("A solved model's crash, replayed"). A checkpoint holds the model, the optimizer,
-the data generator and the spike guard's memory, so on the same machine with the same thread
+the data generator and the RNGs, so on the same machine with the same thread
 count the resumed run repeats the original step for step, and a change made at the resume point
 is an intervention on that one trajectory.
 
@@ -10,7 +10,7 @@ $ python lab/replay.py CKPT OUT_DIR [--freeze_gates] [--key=value ...]
 CKPT: a run's ckpt.pt or best.pt. OUT_DIR: a new directory for the replay (its ckpt.pt, best.pt,
 log.jsonl). --freeze_gates: T2MLR's scalar gates g_cur, g_rec get learning rate 0 from the resume
 on (--gate_lr_mult=0; the run must have them). Every --key=value goes to train.py after the
-run's own settings, e.g. --skip_spike=10, --init_loss=False, --log_interval=1.
+run's own settings, e.g. --gate_lr_mult=0.1, --beta2=0.999, --log_interval=1.
 """
 
 import os
@@ -64,6 +64,16 @@ if '--freeze_gates' in args:
         g['lr_mult'] = 0.0
     config['gate_lr_mult'] = 0.0  # what train.py builds the groups from on resume (a changed setting is applied)
     print(f"froze {sum(len(g['params']) for g in frozen)} scalar gates")
+
+# settings train.py no longer has (git history keeps them), with the values that changed nothing:
+# a checkpoint from before their removal that ran at those replays as it ran; one that did not is
+# refused (gate_interval only set how often the gate statistics were logged: dropped whatever its value)
+REMOVED = dict(skip_spike=0.0, skip_spike_arm=0.0, rec_weight_decay=None, init_loss=True)
+for k in [*REMOVED, 'gate_interval']:
+    if k in REMOVED and k in config and config[k] != REMOVED[k]:
+        fail(f"{src}: the run used {k}={config[k]!r}, a setting train.py no longer has (git history keeps it): "
+             f"replay it with the train.py it ran with")
+    config.pop(k, None)
 
 os.makedirs(out_dir, exist_ok=True)
 torch.save(ckpt, os.path.join(out_dir, 'ckpt.pt'))

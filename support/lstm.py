@@ -82,7 +82,7 @@ class LSTM(nn.Module):
             nn.init.normal_(w, std=0.02)
 
     def forward(self, idx, targets=None, mode='exact', n_iter=8, n_grad=4, n_subsets=2, rec_mask=None, n_rounds=1,
-                recompute=False, compile=False, block_len=1, init_loss=True):
+                recompute=False, compile=False, block_len=1):
         """GPT.forward's interface: idx, targets (B, T) -> (logits (B, T, V), loss). Every mode is the
         one forward (the scheme arguments are only checked); rec_mask is ignored: the LSTM runs its
         recurrence everywhere, prompts included, as the official baseline does."""
@@ -110,9 +110,9 @@ class LSTM(nn.Module):
 
     generate = GPT.generate
 
-    def param_groups(self, weight_decay, rec_lr_mult=1.0, rec_weight_decay=None, gate_lr_mult=1.0):
+    def param_groups(self, weight_decay, rec_lr_mult=1.0, gate_lr_mult=1.0):
         """AdamW groups as GPT.param_groups makes them: decay on matrices (dim >= 2) only. There
-        are no recurrence parameters of the method's to give rec_lr_mult, rec_weight_decay or gate_lr_mult."""
+        are no recurrence parameters of the method's to give rec_lr_mult or gate_lr_mult."""
         params = [p for p in self.parameters() if p.requires_grad]
         return [dict(params=[p for p in params if p.dim() >= 2], weight_decay=weight_decay, lr_mult=1.0),
                 dict(params=[p for p in params if p.dim() < 2], weight_decay=0.0, lr_mult=1.0)]

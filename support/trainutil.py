@@ -27,8 +27,7 @@ from support.dataset import load_rec_mask, load_split
 # the scheme settings one train_mode reads, and train.py's defaults (which every mode accepts): a
 # value set for another scheme is refused, not ignored; under train_mode='plain' (no scheme: the
 # baseline run of a recurrent config), and n_subsets under any mode, it is a note
-IDLE_SCHEME = dict(n_subsets=(2, 'interleaved'), n_rounds=(1, 'interleaved'), init_loss=(True, 'interleaved'),
-                   block_len=(4, 'block'))
+IDLE_SCHEME = dict(n_subsets=(2, 'interleaved'), n_rounds=(1, 'interleaved'), block_len=(4, 'block'))
 
 
 def check_config(c):
@@ -57,11 +56,6 @@ def check_config(c):
     for k in ('learning_rate', 'min_lr', 'max_iters', 'warmup_iters', 'grad_clip', 'weight_decay', 'gate_lr_mult'):
         if not 0 <= getattr(c, k) < math.inf:  # nan and inf pass a `< 0` check, then "diverge" at step 1
             fail(f"{k}={getattr(c, k)}: must be >= 0 and finite")
-    wd = c.rec_weight_decay
-    if wd is not None and not (type(wd) in (int, float) and 0 <= wd < math.inf):
-        fail(f"rec_weight_decay={wd!r}: must be >= 0 and finite, or None for weight_decay's")
-    if c.gate_interval < -1:
-        fail(f"gate_interval={c.gate_interval}: must be >= -1 (-1: at evaluations only, 0: with every log line)")
     for k, (default, mode) in IDLE_SCHEME.items():  # a scheme setting another train_mode reads would do nothing
         if getattr(c, k) == default or c.train_mode == mode:
             continue
@@ -74,10 +68,6 @@ def check_config(c):
                   f"train_mode='{mode}' only)")
     if c.recompute and c.train_mode == 'block':  # block training keeps no pass to recompute
         fail("recompute=True does nothing with train_mode='block' (it recomputes the Jacobi and interleaved passes)")
-    if c.skip_spike != 0 and c.skip_spike <= 1:  # <= 1 would skip about half of all steps
-        fail(f"skip_spike={c.skip_spike}: 0 (off) or a factor > 1 over the median gradient norm (e.g. 10)")
-    if c.skip_spike_arm < 0 or (c.skip_spike_arm > 0 and c.skip_spike == 0):
-        fail(f"skip_spike_arm={c.skip_spike_arm}: 0 (the guard armed from the start) or a train loss > 0, with skip_spike > 1")
     if not 0 <= c.beta2 < 1:  # AdamW's own check is a traceback
         fail(f"beta2={c.beta2}: must be in [0, 1)")
     if not 0 <= c.rec_lr_mult < math.inf:  # a negative multiplier is gradient ascent on the recurrence
@@ -230,24 +220,22 @@ def stop_diverged(what, iter_num, master, ckpt_path, best_path):
 
 def check_step(lossf, grad_norm, stop_request, fp16, ddp):
     """After backward, before the update: one small collective and one host sync per step, so
-    that every process stops, skips and arms the spike guard at the same step. Over the processes:
-    the loss or the gradient norm non-finite anywhere (fp16: the scaler skips a non-finite
-    gradient itself), a stop request (SIGINT/SIGTERM) anywhere, the largest gradient norm, the
-    smallest loss. -> SimpleNamespace(diverged: '' or what went non-finite, stop: bool, grad_norm:
-    the largest, min_loss: the smallest, loss: this process's)."""
+    that every process stops at the same step. Over the processes: the loss or the gradient norm
+    non-finite anywhere (fp16: the scaler skips a non-finite gradient itself), a stop request
+    (SIGINT/SIGTERM) anywhere, the largest gradient norm. -> SimpleNamespace(diverged: '' or what
+    went non-finite, stop: bool, grad_norm: the largest, loss: this process's)."""
     import torch.distributed as dist
     flags = torch.stack([~torch.isfinite(lossf), ~torch.isfinite(grad_norm) & (not fp16),
-                         torch.tensor(stop_request.signum > 0, device=lossf.device), grad_norm.float(),
-                         -lossf.float()]).float()  # -loss: the MAX reduction gives the smallest loss
+                         torch.tensor(stop_request.signum > 0, device=lossf.device), grad_norm.float()]).float()
     if ddp:
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    loss_bad, grad_bad, stop, step_grad, neg_min_loss, loss = torch.cat([flags, lossf.float().view(1)]).tolist()
+    loss_bad, grad_bad, stop, step_grad, loss = torch.cat([flags, lossf.float().view(1)]).tolist()
     bad = []
     if loss_bad:
         bad.append("non-finite train loss" + ('' if ddp else f" ({lossf.item()})"))
     if grad_bad:
         bad.append(f"non-finite gradient norm ({grad_norm.item()})")
-    return SimpleNamespace(diverged=' and '.join(bad), stop=bool(stop), grad_norm=step_grad, min_loss=-neg_min_loss, loss=loss)
+    return SimpleNamespace(diverged=' and '.join(bad), stop=bool(stop), grad_norm=step_grad, loss=loss)
 
 # -----------------------------------------------------------------------------
 # stop requests: SIGINT (Ctrl-C) and SIGTERM (what schedulers send before preemption) only set a
@@ -278,28 +266,14 @@ class StopRequest:
 
 class StepStats:
     """Per log interval: the loss's mean, largest value and largest step-to-step rise, the
-    gradient norm before clipping (mean, largest), the clipped share and the skipped steps.
-    And the spike guard's memory: the last `window` gradient norms, saved in checkpoints."""
+    gradient norm before clipping (mean, largest) and the clipped share."""
 
-    def __init__(self, grad_clip, window=50, recent=(), armed=False):
-        self.grad_clip, self.losses, self.grads, self.last, self.skipped = grad_clip, [], [], None, 0
-        self.window, self.recent, self.armed = window, list(recent), armed
+    def __init__(self, grad_clip):
+        self.grad_clip, self.losses, self.grads, self.last = grad_clip, [], [], None
 
     def add(self, loss, grad_norm):
         self.losses.append(loss)
         self.grads.append(grad_norm)
-
-    def spike(self, grad_norm, factor, loss=0.0, arm_below=0.0):
-        """True if this step's gradient norm is more than factor x the median of the last `window`
-        steps' (skipped ones included, so that a lasting rise is let through after window/2
-        steps). Never during the first `window` steps, nor with factor <= 0. With arm_below > 0,
-        never before the first step whose loss is below arm_below (a run out of the plateau)."""
-        self.armed = self.armed or (factor > 0 and (arm_below <= 0 or loss < arm_below))
-        recent = sorted(self.recent)
-        hit = factor > 0 and self.armed and len(recent) == self.window and grad_norm > factor * recent[len(recent) // 2]
-        self.recent = (self.recent + [grad_norm])[-self.window:]
-        self.skipped += hit
-        return hit
 
     def interval(self):
         """The interval's statistics since the last call (then a new interval starts)."""
@@ -308,9 +282,8 @@ class StepStats:
         clip = self.grad_clip
         out = dict(loss_mean=sum(losses) / len(losses), loss_max=max(losses), jump_max=max(jumps, default=0.0),
                    grad_norm=sum(grads) / len(grads), grad_norm_max=max(grads),
-                   clip_frac=sum(g > clip for g in grads) / len(grads) if clip > 0 else 0.0, skipped=self.skipped,
-                   guard_armed=self.armed)
-        self.losses, self.grads, self.last, self.skipped = [], [], losses[-1], 0
+                   clip_frac=sum(g > clip for g in grads) / len(grads) if clip > 0 else 0.0)
+        self.losses, self.grads, self.last = [], [], losses[-1]
         return out
 
 # -----------------------------------------------------------------------------
@@ -434,7 +407,7 @@ def init_model(init_from, arch, model_args, meta, dataset, ckpt_path, master):
     return model, ckpt, model_args, pretrained
 
 
-OPTIM_SETTINGS = {'weight_decay': 'weight_decay or rec_weight_decay', 'betas': 'beta2',
+OPTIM_SETTINGS = {'weight_decay': 'weight_decay', 'betas': 'beta2',
                   'lr_mult': 'rec_lr_mult or gate_lr_mult'}  # a group's setting -> train.py's
 
 
@@ -450,7 +423,7 @@ def restore_state(ckpt, ckpt_path, optimizer, data_gen, cuda):
         fail(f"{ckpt_path}: cannot resume the optimizer state (KeyError: {e})")
     except ValueError as e:  # another number or size of parameter groups
         fail(f"{ckpt_path}: the optimizer settings group the parameters differently from the checkpoint's (a changed "
-             f"weight_decay, rec_weight_decay, rec_lr_mult or gate_lr_mult that splits or merges groups: {e}): resume "
+             f"weight_decay, rec_lr_mult or gate_lr_mult that splits or merges groups: {e}): resume "
              f"with the run's own values, or start a new run")
     notes = set()
     for g, want in zip(optimizer.param_groups, wanted):

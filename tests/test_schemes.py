@@ -382,10 +382,10 @@ def test_full_unroll_gradients_match_naive_exact(kw):
 
 
 @pytest.mark.parametrize('kw', SCHEME_STYLES, ids=SCHEME_IDS)
-def test_interleaved_full_stride_loss_without_the_init_pass(kw):
+def test_interleaved_full_stride_loss_with_the_init_pass(kw):
     # the loss is the mean of the pass losses: the init pass (zero memory, as mode 'zero') and,
-    # with S = T, one refinement per position, whose mean is the exact recurrence's loss. Without
-    # init_loss it is that loss alone, and its gradient the naive reference's
+    # with S = T, one refinement per position, whose mean is the exact recurrence's loss; its
+    # gradient is the same mix of mode 'zero''s and the naive reference's
     from model import ce_loss
     from reference import naive_exact
     m = make(reset_token=0, **kw).train()
@@ -394,11 +394,11 @@ def test_interleaved_full_stride_loss_without_the_init_pass(kw):
     exact, zero = m(idx, tgt, mode='exact')[1], m(idx, tgt, mode='zero')[1]
     torch.testing.assert_close(m(idx, tgt, mode='interleaved', n_subsets=T)[1], (zero + T * exact) / (T + 1), **TOL)
     m.zero_grad()
-    loss = m(idx, tgt, mode='interleaved', n_subsets=T, init_loss=False)[1]
+    loss = m(idx, tgt, mode='interleaved', n_subsets=T)[1]
     loss.backward()
     g_model = grads(m)
     m.zero_grad()
-    ref = ce_loss(naive_exact(m, idx, grad=True), tgt)
+    ref = (m(idx, tgt, mode='zero')[1] + T * ce_loss(naive_exact(m, idx, grad=True), tgt)) / (T + 1)
     ref.backward()
     torch.testing.assert_close(loss, ref, **TOL)
     for n, g in grads(m).items():

@@ -91,7 +91,7 @@ def test_replay(tmp_path):
     env = {**os.environ, 'OMP_NUM_THREADS': '1'}
     small = ['--n_embd=16', '--n_head=2', '--n_kv_head=1', '--batch_size=4', '--n_iter=8', '--attn_window=0',
              '--lr_decay_iters=6', '--warmup_iters=1', '--eval_interval=3', '--log_interval=1', '--eval_examples=4',
-             '--eval_examples_mid=4', '--eval_iters=1', '--eval_exact_iters=1', '--gate_interval=0',
+             '--eval_examples_mid=4', '--eval_iters=1', '--eval_exact_iters=1',
              f'--data_root={tmp_path / "data"}', '--dataset=parity', '--seed=3']
 
     def train(out, steps):

@@ -1,6 +1,5 @@
 """train.py end to end through its CLI: DDP equivalence, exact resume, compile, configs, errors."""
 
-import json
 import os
 import subprocess
 import sys
@@ -70,52 +69,6 @@ def test_resume_continues_exactly(data, tmp_path):
     assert 'iter 4:' in p.stdout and 'iter 1:' not in p.stdout
 
 
-def test_step_stats_spike_guard():
-    from support.trainutil import StepStats
-    st = StepStats(grad_clip=1.0, window=4)
-    assert [st.spike(g, 10.0) for g in (1.0, 2.0, 1.0, 3.0)] == [False] * 4  # the window fills first
-    assert st.spike(25.0, 10.0) and st.recent == [2.0, 1.0, 3.0, 25.0]     # median of [1, 1, 2, 3] is 2
-    assert not st.spike(25.0, 10.0)                                          # median 3: 25 < 30
-    assert st.skipped == 1
-    assert not StepStats(1.0, window=1).spike(1e9, 0.0)                      # factor 0: off
-    # armed at the first loss below arm_below, and from then on whatever the loss
-    st = StepStats(grad_clip=1.0, window=1)
-    assert not st.spike(1.0, 10.0, 0.7, 0.2)                                 # fills the window
-    assert not st.spike(100.0, 10.0, 0.7, 0.2) and not st.armed              # 100x, but on the plateau: let through
-    assert not st.spike(1.0, 10.0, 0.1, 0.2) and st.armed                    # loss 0.1 < 0.2: armed
-    assert st.spike(100.0, 10.0, 0.7, 0.2) and st.skipped == 1               # armed for good, whatever the loss
-    assert not StepStats(1.0).armed and not StepStats(1.0).spike(1.0, 0.0, 0.1, 0.2) # the guard off: never armed
-
-
-def test_skip_spike_skips_and_resumes_exactly(data, tmp_path):
-    # factor 1.05: about half of the steps after the first 50 are skipped; the guard's memory (the
-    # last 50 norms) travels in the checkpoint, so a resumed run makes the same decisions
-    args = ['--max_iters=60', '--lr_decay_iters=60', '--eval_interval=30', '--log_interval=10', '--train_mode=jacobi',
-            '--n_iter=3', '--n_grad=1', '--skip_spike=1.05']
-    run(common(data, tmp_path / 'straight', *args), tmp_path)
-    run(common(data, tmp_path / 'resumed', *[a if a != '--max_iters=60' else '--max_iters=30' for a in args]), tmp_path)
-    run(common(data, tmp_path / 'resumed', *args, '--init_from=resume'), tmp_path)
-    run(common(data, tmp_path / 'off', *args[:-1]), tmp_path)
-    a, b, off = (params(tmp_path / d / 'ckpt.pt') for d in ('straight', 'resumed', 'off'))
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
-    assert any(not torch.equal(a[k], off[k]) for k in a)  # skipping changed the run
-    logs = [json.loads(l) for l in open(tmp_path / 'straight' / 'log.jsonl') if '"type": "train"' in l]
-    assert [r['skipped'] for r in logs if r['iter'] <= 50] == [0] * 5 and sum(r['skipped'] for r in logs) > 0
-    # skip_spike_arm: a loss never reached leaves the guard unarmed (the run without it); one reached
-    # at step 1 arms it at once (the guard from the start); the armed state travels in the checkpoint:
-    # armed in the first half, resumed with a loss it never reaches, it stays armed
-    run(common(data, tmp_path / 'never', *args, '--skip_spike_arm=1e-9'), tmp_path)
-    run(common(data, tmp_path / 'at_once', *args, '--skip_spike_arm=100'), tmp_path)
-    half = [a if a != '--max_iters=60' else '--max_iters=30' for a in args]
-    run(common(data, tmp_path / 'armed', *half, '--skip_spike_arm=100'), tmp_path)
-    p = run(common(data, tmp_path / 'armed', *args, '--skip_spike_arm=1e-9', '--init_from=resume'), tmp_path)
-    never, at_once, armed = (params(tmp_path / d / 'ckpt.pt') for d in ('never', 'at_once', 'armed'))
-    for k in a:
-        assert torch.equal(never[k], off[k]) and torch.equal(at_once[k], a[k]) and torch.equal(armed[k], a[k]), k
-    assert 'the spike guard is armed' not in p.stdout
-
-
 def test_compile_matches_eager(data, tmp_path):
     args = ['--max_iters=1', '--eval_interval=100', '--train_mode=jacobi', '--n_iter=3', '--n_grad=2', '--dtype=float64']
     run(common(data, tmp_path / 'eager', *args), tmp_path)
@@ -143,8 +96,6 @@ def test_smoke_config_t2mlr_small_and_eval(data, tmp_path):
     (['--not_a_key=1'], "unknown config key 'not_a_key'"),
     (['--batch_size=big'], 'batch_size must be int'),
     (['--train_mode=fast'], "unknown train_mode 'fast'"),
-    (['--skip_spike=0.5'], 'skip_spike=0.5: 0 (off) or a factor > 1'),
-    (['--skip_spike_arm=0.2'], 'skip_spike_arm=0.2: 0 (the guard armed from the start) or a train loss > 0, with skip_spike > 1'),
     (['--jacobi_init=ones'], "unknown jacobi_init 'ones'"),
     (['--recurrence=t2mlr', '--rec_start=3', '--rec_end=1'], 'rec_end=1 < rec_start=3'),
     (['--dataset=nope'], 'prepare.py'),

@@ -304,8 +304,9 @@ def test_resume_applies_a_changed_optimizer_setting_with_a_note(world, tmp_path)
     assert {g['weight_decay'] for g in groups} == {0.0, 0.05} and {tuple(g['betas']) for g in groups} == {(0.9, 0.99)}
     assert ck['config']['weight_decay'] == 0.05 and ck['config']['beta2'] == 0.99  # what ran, recorded
     # a change that regroups the parameters cannot be applied: refused in one line
-    code, out, err = resume(world, tmp_path / 'run', '--rec_weight_decay=0.01')
-    one_line(code, err, 'group the parameters differently', 'rec_weight_decay')
+    # (rec_lr_mult=10: the recurrence's own parameters leave the groups they shared at 1.0)
+    code, out, err = resume(world, tmp_path / 'run', '--rec_lr_mult=10')
+    one_line(code, err, 'group the parameters differently', 'rec_lr_mult')
 
 
 def test_resume_with_another_architecture_is_refused(world, tmp_path):

@@ -152,7 +152,7 @@ def train(args, data, out):
 def test_train_reports_reliance_and_gates(parity, tmp_path, recurrence):
     extra = ['--train_mode=jacobi', '--n_iter=2', '--n_grad=1'] if recurrence == 't2mlr' else \
         ['--train_mode=interleaved', '--lrt_identity_init=True', '--rec_start=0', '--rec_end=1']
-    out, log = train([f'--recurrence={recurrence}', '--max_iters=2', '--eval_interval=2', '--gate_interval=1', *extra],
+    out, log = train([f'--recurrence={recurrence}', '--max_iters=2', '--eval_interval=2', *extra],
                      parity, tmp_path)
     evals = [r for r in log if r['type'] == 'eval']
     assert [r['iter'] for r in evals] == [0, 2] and [r['iter'] for r in log if r['type'] == 'gates'] == [1, 2]
