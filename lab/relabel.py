@@ -5,12 +5,17 @@ inputs are untouched; only {split}_y.bin changes.
 
 $ python lab/relabel.py s5_retrieval_S3 --drop=state    # -> data/s5_retrieval_S3_nostate
 $ python lab/relabel.py s5_retrieval_S3 --ask_at=move   # -> data/s5_retrieval_S3_atmove
+$ python lab/relabel.py s5_retrieval_S3 --swap=True     # -> data/s5_retrieval_S3_swap
 
 --drop=state   the states are not labelled in training (the value slots and the dictionary's
                copies are); the evaluation splits keep every label
 --ask_at=move  the value is asked at the move itself (its own key, as prepare.py assoc asks
                it) instead of at the slot after it; the states and slots are not labelled. In
                every split, so a run's "state" accuracy is then the lookup's accuracy
+--swap=True    both halves, each label moved to the other position of its move: the value at
+               the move (its own key), the state at the slot after it (what the move made).
+               In every split: a run's "state" accuracy is then the lookup's, its "value"
+               accuracy the state's; exact match is the whole row's as before
 """
 
 import json
@@ -25,14 +30,15 @@ from support.dataset import DATA_DIR  # noqa: E402
 from support.tasks import position_kinds  # noqa: E402
 
 
-def relabel(name, drop=None, ask_at=None, data_root=DATA_DIR):
+def relabel(name, drop=None, ask_at=None, swap=False, data_root=DATA_DIR):
     src = os.path.join(data_root, name)
     meta = json.load(open(os.path.join(src, 'meta.json')))
-    if (meta.get('task') or {}).get('layout') != 'official' or (drop, ask_at) not in (('state', None), (None, 'move')):
-        sys.exit(f"{name}: needs s5_retrieval data in the official layout and one of --drop=state, --ask_at=move")
-    if ask_at and meta['task']['k'] != 1:
-        sys.exit(f"{name}: --ask_at=move needs one value character a key (k=1), not k={meta['task']['k']}")
-    dst = os.path.join(data_root, f"{name}_{'nostate' if drop else 'atmove'}")
+    if (meta.get('task') or {}).get('layout') != 'official' or (drop, ask_at, swap) not in (
+            ('state', None, False), (None, 'move', False), (None, None, True)):
+        sys.exit(f"{name}: needs s5_retrieval data in the official layout and one of --drop=state, --ask_at=move, --swap=True")
+    if (ask_at or swap) and meta['task']['k'] != 1:
+        sys.exit(f"{name}: --ask_at and --swap need one value character a key (k=1), not k={meta['task']['k']}")
+    dst = os.path.join(data_root, f"{name}_{'nostate' if drop else 'atmove' if ask_at else 'swap'}")
     os.makedirs(dst, exist_ok=True)
     for f in os.listdir(src):
         if f.endswith('.bin'):
@@ -45,6 +51,8 @@ def relabel(name, drop=None, ask_at=None, data_root=DATA_DIR):
             y[:, kinds['state']] = -1
         if ask_at:
             y[:, kinds['state']], y[:, kinds['value']] = y[:, kinds['value']], -1
+        if swap:
+            y[:, kinds['state']], y[:, kinds['value']] = y[:, kinds['value']], y[:, kinds['state']]
         y.tofile(path)
     json.dump({**meta, 'name': os.path.basename(dst)}, open(os.path.join(dst, 'meta.json'), 'w'))
     print(f"wrote {dst}")
@@ -53,6 +61,6 @@ def relabel(name, drop=None, ask_at=None, data_root=DATA_DIR):
 
 if __name__ == '__main__':
     args = dict(a.removeprefix('--').split('=', 1) for a in sys.argv[2:])
-    if len(sys.argv) < 3 or set(args) - {'drop', 'ask_at', 'data_root'}:
+    if len(sys.argv) < 3 or set(args) - {'drop', 'ask_at', 'swap', 'data_root'} or args.get('swap', 'True') != 'True':
         sys.exit(__doc__)
-    relabel(sys.argv[1], args.get('drop'), args.get('ask_at'), args.get('data_root', DATA_DIR))
+    relabel(sys.argv[1], args.get('drop'), args.get('ask_at'), 'swap' in args, args.get('data_root', DATA_DIR))
