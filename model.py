@@ -489,18 +489,20 @@ class GPT(nn.Module):
         t reads the state token t-1 handed on. C > 1: block training (DESIGN.md 7; the LRT paper's
         baseline). C = T: no state at all (mode 'zero': loss(zero) - loss(exact) is what it carries).
         Below and above the span run in parallel."""
-        B, T = idx.shape
-        cache = KVCache(self.config.n_layer, T) if cache is None else cache
-        x = self._below(idx, cache)
-        state, outs = x.new_zeros(B, 1, self.config.n_embd), []  # R_{-1} = 0
+        cache = KVCache(self.config.n_layer, idx.size(1)) if cache is None else cache
+        h, read, new = self._span_in_order(self._below(idx, cache), idx, C, cache, rec_mask)
+        return *self._above(h, self.state_input(read, rec_mask), cache, targets), new
+
+    def _span_in_order(self, x, idx, C, cache, rec_mask=None):
+        # the span over x (B, T, d), C tokens at a time -> (h^(e), the states read, the states handed on), each (B, T, d)
+        T, state, outs = idx.size(1), x.new_zeros(x.size(0), 1, self.config.n_embd), []  # R_{-1} = 0
         for t in range(0, T, C):
             u = min(t + C, T)
             st = state if u - t == 1 else F.pad(state, (0, 0, 0, u - t - 1))  # (B, u - t, d): 0 after the first
             outs.append(self.span_step(x[:, t:u], idx[:, t:u], range(t, u), st, cache,
                                        None if rec_mask is None else rec_mask[:, t:u]))
             state = outs[-1][2][:, -1:]
-        h, read, new = (torch.cat(z, 1) for z in zip(*outs))  # each (B, T, d)
-        return *self._above(h, self.state_input(read, rec_mask), cache, targets), new
+        return tuple(torch.cat(z, 1) for z in zip(*outs))
 
     def span_step(self, x, idx, pos, state, cache, rec_mask=None):
         """One token through the span: x (B, 1, d) its input to block s, idx (B, 1) the token, state
@@ -531,9 +533,9 @@ class GPT(nn.Module):
         """Jacobi's first guess of the states read, (B, T, d), from x the input of block s:
         'plain' (official): the span without the state, each token handing on its raw h^(e);
         'zero': one iteration from the zero state; 'exact': the exact loop itself, without gradient."""
-        if self.config.jacobi_init == 'exact':
+        if self.config.jacobi_init == 'exact':  # the states the exact loop reads; no layer above it, no head
             with torch.no_grad():
-                return self.shift_states(self._sequential(idx, None, 1, None, rec_mask)[2], idx, rec_mask)
+                return self._span_in_order(x, idx, 1, KVCache(self.config.n_layer, idx.size(1)), rec_mask)[1]
         if self.config.jacobi_init == 'zero':
             return self._jacobi_step(x, idx, torch.zeros_like(x), rec_mask, cache, recompute)
         plain = torch.zeros(idx.shape, dtype=torch.bool, device=idx.device)  # no token reads a state
