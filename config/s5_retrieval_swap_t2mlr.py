@@ -22,7 +22,8 @@ rec_gate_init = 1.0      # g_rec = 1 at init: the recurrent path open from the s
 train_mode = 'interleaved'
 n_subsets = 77           # S = T (77 tokens a row): every token reads its exact state, the gradient through the whole chain
 batch_size = 32
-max_iters = 3000
+max_iters = 4500
+lr_decay_iters = 3000     # the cosine reaches min_lr at step 3000, the last 1500 steps hold it (the state's escape can come late)
 learning_rate = 1e-3
 min_lr = 1e-4
 warmup_iters = 100
