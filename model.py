@@ -53,7 +53,6 @@ class GPTConfig:
     rec_proj: bool = True       # r = W_rec R (else r = R)
     rec_gate_gain: float = 1.0  # xavier gain of f_cur/f_rec (a retrofit's: 1e-2, from_pretrained)
     rec_gate_init: float = 0.0  # g_rec at init: 0 = Phi is the identity (official; a retrofit needs it)
-    rec_gate_prob: float = 0.5  # sigmoid(f_rec's bias) at init (official recurrent_gate_init; its recipes: 0.5)
     rec_residual_detach: bool = False  # m_t = h^(e)_t + sg(R_{t-1}): no gradient through the residual (official option)
     rec_scale_min: float = 0.2  # the bounds of the state's RMS scale, clamp(1/rms(m_t), min, max) (official: 1/5, 5)
     rec_scale_max: float = 5.0
@@ -243,12 +242,11 @@ class T2MLRFusion(nn.Module):
         rec = g_rec * torch.sigmoid(self.f_rec(hr))
         return h + cur * h + rec * r
 
-    def init_weights(self, gain, g_rec=0.0, p_rec=0.5):
+    def init_weights(self, gain, g_rec=0.0):
         nn.init.constant_(self.g_rec, g_rec)  # > 0: the recurrent path open from the start (docs/recipe.md)
         for f in (self.f_cur, self.f_rec):
             nn.init.xavier_normal_(f.weight, gain=gain)
             nn.init.zeros_(f.bias)  # sigmoid(0) = 0.5: the official S5/GSM8K recipes' gate init
-        nn.init.constant_(self.f_rec.bias, math.log(p_rec / (1 - p_rec)))  # sigmoid(bias) = p_rec, no draw taken
         if self.w_rec is not None:
             self.w_rec.reset_parameters()  # PyTorch's default Linear init, as the official code
 
@@ -370,7 +368,7 @@ class GPT(nn.Module):
             elif p.dim() == 2:
                 nn.init.normal_(p, std=0.02)
         if self.fusion is not None:
-            self.fusion.init_weights(c.rec_gate_gain, c.rec_gate_init, c.rec_gate_prob)
+            self.fusion.init_weights(c.rec_gate_gain, c.rec_gate_init)
         if self.lrt is not None:
             self.lrt.init_weights(c.lrt_identity_init)
 

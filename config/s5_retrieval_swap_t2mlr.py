@@ -19,7 +19,6 @@ recurrence = 't2mlr'
 rec_start = 0            # the state enters block 0 ...
 rec_end = 3              # ... from the output of the last block
 rec_gate_init = 1.0      # g_rec = 1 at init: the recurrent path open from the start
-rec_gate_prob = 0.9      # sigmoid(f_rec) = 0.9 at init, not 0.5: the gate closes while the lookup is learned (docs/evidence.md)
 train_mode = 'interleaved'
 n_subsets = 77           # S = T (77 tokens a row): every token reads its exact state, the gradient through the whole chain
 batch_size = 32

@@ -29,7 +29,6 @@ def check_model_config(c):
         (c.rope_theta > 0, f"rope_theta={c.rope_theta} must be > 0"),
         (0 <= c.rec_gate_gain < math.inf, f"rec_gate_gain={c.rec_gate_gain} must be >= 0 and finite (a xavier gain)"),
         (math.isfinite(c.rec_gate_init), f"rec_gate_init={c.rec_gate_init} must be finite (g_rec at init)"),
-        (0 < c.rec_gate_prob < 1, f"rec_gate_prob={c.rec_gate_prob} must be in (0, 1) (sigmoid of f_rec's bias at init)"),
         (0.0 <= c.dropout < 1.0, f"dropout={c.dropout} must be in [0, 1)"),
         (0 < c.rec_scale_min <= c.rec_scale_max < math.inf,  # nan, inf: a state that is nan or never bounded
          f"rec_scale_min={c.rec_scale_min}, rec_scale_max={c.rec_scale_max}: need 0 < min <= max, finite"),

@@ -80,21 +80,6 @@ def test_open_gate_init():
     torch.testing.assert_close(shut(idx, mode='exact')[0], shut(idx, mode='zero')[0], **TOL)
 
 
-def test_rec_gate_prob_init():
-    """rec_gate_prob sets sigmoid(f_rec's bias) at init (the official recurrent_gate_init), nothing else:
-    the same seed gives the same draw of every other weight, so a run with it is paired with one without."""
-    half = make(nonidentity=False, recurrence='t2mlr', rec_gate_init=1.0)
-    open_ = make(nonidentity=False, recurrence='t2mlr', rec_gate_init=1.0, rec_gate_prob=0.9)
-    for f, p in ((half.fusion.f_rec, 0.5), (open_.fusion.f_rec, 0.9), (open_.fusion.f_cur, 0.5)):
-        torch.testing.assert_close(torch.sigmoid(f.bias.double()), torch.full((f.out_features,), p, dtype=torch.float64), **TOL)
-    differ = [n for (n, a), b in zip(half.named_parameters(), open_.parameters()) if not torch.equal(a, b)]
-    assert differ == ['fusion.f_rec.bias']
-    idx = tokens()  # a wider gate: the state moves the exact forward more than at 0.5
-    gap = lambda m: (m(idx, mode='exact')[0] - m(idx, mode='zero')[0]).abs().mean()
-    assert gap(open_) > gap(half)
-    torch.testing.assert_close(open_(idx, mode='exact')[0], naive_exact(open_, idx), **TOL)
-
-
 def test_lrt_gate_channels_option():
     # the official LRT gate reads only the first lrt_gate_channels channels of the normed input
     m = make(recurrence='lrt', rec_start=1, rec_end=2, lrt_gate_channels=8)
