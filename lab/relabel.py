@@ -6,6 +6,7 @@ inputs are untouched; only {split}_y.bin changes.
 $ python lab/relabel.py s5_retrieval_S3 --drop=state    # -> data/s5_retrieval_S3_nostate
 $ python lab/relabel.py s5_retrieval_S3 --ask_at=move   # -> data/s5_retrieval_S3_atmove
 $ python lab/relabel.py s5_retrieval_S3 --swap=True     # -> data/s5_retrieval_S3_swap
+$ python lab/relabel.py s5_retrieval_S3 --swap=True --drop=lookup  # -> data/s5_retrieval_S3_swap_nolookup
 
 --drop=state   the states are not labelled in training (the value slots and the dictionary's
                copies are); the evaluation splits keep every label
@@ -16,6 +17,9 @@ $ python lab/relabel.py s5_retrieval_S3 --swap=True     # -> data/s5_retrieval_S
                the move (its own key), the state at the slot after it (what the move made).
                In every split: a run's "state" accuracy is then the lookup's, its "value"
                accuracy the state's; exact match is the whole row's as before
+--swap=True --drop=lookup   the swapped rows with the lookups unlabelled in training (the states
+               and the dictionary's copies are): a first phase that trains the state alone; the
+               evaluation splits keep every label
 """
 
 import json
@@ -34,11 +38,13 @@ def relabel(name, drop=None, ask_at=None, swap=False, data_root=DATA_DIR):
     src = os.path.join(data_root, name)
     meta = json.load(open(os.path.join(src, 'meta.json')))
     if (meta.get('task') or {}).get('layout') != 'official' or (drop, ask_at, swap) not in (
-            ('state', None, False), (None, 'move', False), (None, None, True)):
-        sys.exit(f"{name}: needs s5_retrieval data in the official layout and one of --drop=state, --ask_at=move, --swap=True")
+            ('state', None, False), (None, 'move', False), (None, None, True), ('lookup', None, True)):
+        sys.exit(f"{name}: needs s5_retrieval data in the official layout and one of --drop=state, --ask_at=move, "
+                 f"--swap=True, --swap=True --drop=lookup")
     if (ask_at or swap) and meta['task']['k'] != 1:
         sys.exit(f"{name}: --ask_at and --swap need one value character a key (k=1), not k={meta['task']['k']}")
-    dst = os.path.join(data_root, f"{name}_{'nostate' if drop else 'atmove' if ask_at else 'swap'}")
+    suffix = 'swap_nolookup' if swap and drop else 'nostate' if drop else 'atmove' if ask_at else 'swap'
+    dst = os.path.join(data_root, f"{name}_{suffix}")
     os.makedirs(dst, exist_ok=True)
     for f in os.listdir(src):
         if f.endswith('.bin'):
@@ -47,12 +53,12 @@ def relabel(name, drop=None, ask_at=None, swap=False, data_root=DATA_DIR):
         path = os.path.join(dst, f'{split}_y.bin')
         y = np.fromfile(path, dtype=np.int32).reshape(s['n'], s['len'])  # (rows, T), -1 = no label
         kinds = position_kinds(meta, split)  # (T,) bool each: the moves, the value slots after them
-        if drop and split == 'train':
-            y[:, kinds['state']] = -1
         if ask_at:
             y[:, kinds['state']], y[:, kinds['value']] = y[:, kinds['value']], -1
         if swap:
             y[:, kinds['state']], y[:, kinds['value']] = y[:, kinds['value']], y[:, kinds['state']]
+        if drop and split == 'train':  # the states (--drop=state), or after the swap the lookups, at the moves
+            y[:, kinds['state']] = -1
         y.tofile(path)
     json.dump({**meta, 'name': os.path.basename(dst)}, open(os.path.join(dst, 'meta.json'), 'w'))
     print(f"wrote {dst}")
