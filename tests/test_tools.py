@@ -174,7 +174,8 @@ def test_pool(tmp_path):
 def test_relabel(tmp_path):
     """lab/relabel.py: --drop=state unlabels the training split's moves only; --ask_at=move puts
     each slot's value at the move before it, in every split, and unlabels the slots; --swap=True
-    exchanges the labels of each move and its slot."""
+    exchanges the labels of each move and its slot; with --drop=lookup the training split's moves
+    are then unlabelled (the state alone), the other splits keep the swap's labels."""
     sys.path.insert(0, os.path.join(REPO, 'lab'))
     from relabel import relabel
     from support.tasks import position_kinds
@@ -185,14 +186,16 @@ def test_relabel(tmp_path):
     relabel('r', drop='state', data_root=str(tmp_path))
     relabel('r', ask_at='move', data_root=str(tmp_path))
     relabel('r', swap=True, data_root=str(tmp_path))
+    relabel('r', swap=True, drop='lookup', data_root=str(tmp_path))
     for split in ('train', 'test_7'):
         k, old, ns, am = position_kinds(meta, split), y('r', split), y('r_nostate', split), y('r_atmove', split)
-        sw = y('r_swap', split)
+        sw, nl = y('r_swap', split), y('r_swap_nolookup', split)
+        assert (nl[:, k['state']] == -1).all() and (nl[:, ~k['state']] == sw[:, ~k['state']]).all() if split == 'train' else (nl == sw).all()
         assert (sw[:, k['state']] == old[:, k['value']]).all() and (sw[:, k['value']] == old[:, k['state']]).all()
         assert (sw[:, ~(k['state'] | k['value'])] == old[:, ~(k['state'] | k['value'])]).all()
         assert (ns[:, ~k['state']] == old[:, ~k['state']]).all()
         assert (ns[:, k['state']] == -1).all() if split == 'train' else (ns == old).all()
         assert (am[:, k['state']] == old[:, k['value']]).all() and (am[:, k['value']] == -1).all()
         assert (am[:, ~(k['state'] | k['value'])] == old[:, ~(k['state'] | k['value'])]).all()
-        for d in ('r_nostate', 'r_atmove', 'r_swap'):  # the inputs untouched
+        for d in ('r_nostate', 'r_atmove', 'r_swap', 'r_swap_nolookup'):  # the inputs untouched
             assert (tmp_path / d / f'{split}_x.bin').read_bytes() == (tmp_path / 'r' / f'{split}_x.bin').read_bytes()
