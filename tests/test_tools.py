@@ -2,7 +2,8 @@
 loss is the model's own exact loss on the same rows, it shifts g_rec back after measuring, and
 a non-T2MLR checkpoint is a one-line error. lab/pairs.py on a made-up text.json. lab/replay.py
 on a tiny run: a replay repeats the run, and --freeze_gates holds the gates. lab/pool.py on
-made-up results.json files: the pooled medians, counts and rank test, and its one-line errors."""
+made-up results.json files: the pooled medians, counts and rank test, and its one-line errors.
+lab/state_parts.py: by hand on S3, and on a tiny run against its own exact accuracy."""
 
 import dataclasses
 import json
@@ -12,6 +13,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import torch
 
 import prepare
@@ -199,3 +201,60 @@ def test_relabel(tmp_path):
         assert (am[:, ~(k['state'] | k['value'])] == old[:, ~(k['state'] | k['value'])]).all()
         for d in ('r_nostate', 'r_atmove', 'r_swap', 'r_swap_nolookup'):  # the inputs untouched
             assert (tmp_path / d / f'{split}_x.bin').read_bytes() == (tmp_path / 'r' / f'{split}_x.bin').read_bytes()
+
+
+def _state_parts():
+    # lab/state_parts.py by its path (lab/ on sys.path would shadow top-level modules)
+    import importlib.util
+    spec = importlib.util.spec_from_file_location('state_parts', os.path.join(REPO, 'lab', 'state_parts.py'))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_state_parts_by_hand():
+    # lab/state_parts.parts on S3 predictions built to agree on one part only: t = '210' swaps
+    # points 0 and 2 and fixes 1; (t.y)[i] = y[t[i]] keeps where 1 goes (p[1]), (y.t)[i] = t[y[i]]
+    # keeps which point lands on 1; either way the element and its sign are always wrong (t is odd)
+    from support.tasks import make_group
+    names, mul = make_group('S3')
+    y, t = np.arange(6).repeat(3), names.index('210')
+    parts = _state_parts().parts
+    third = pytest.approx(1 / 3)
+    got = parts(mul[t, y], y, names)
+    assert got == {'element': 0.0, 'sign': 0.0, 'p[0]': 0.0, 'p[1]': 1.0, 'p[2]': 0.0,
+                   'lands on 0': third, 'lands on 1': third, 'lands on 2': third}
+    got = parts(mul[y, t], y, names)
+    assert got == {'element': 0.0, 'sign': 0.0, 'p[0]': third, 'p[1]': third, 'p[2]': third,
+                   'lands on 0': 0.0, 'lands on 1': 1.0, 'lands on 2': 0.0}
+    even = names.index('120')  # a 3-cycle: the sign kept, every point moved
+    got = parts(mul[y, even], y, names)
+    assert got['sign'] == 1.0 and got['element'] == 0.0 and got['p[0]'] == 0.0 and got['lands on 2'] == 0.0
+    assert set(parts(y, y, names).values()) == {1.0}
+    assert set(parts(np.full_like(y, -1), y, names).values()) == {0.0}  # not a group element: wrong on every part
+
+
+def test_state_parts_tool(tmp_path):
+    # the tool on a tiny S3 run: its element accuracy is the model's own exact accuracy on the same
+    # rows (every s5 label is a state); a parity run is a one-line error
+    prepare.main(['s5', '--group=S3', '--n_train=8', '--n_val=4', '--n_test=6', '--train_len=16',
+                  '--test_lens=24', f'--out_dir={tmp_path / "s3"}'])
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(block_size=32, vocab_size=6, n_layer=2, n_head=2, n_kv_head=1, n_embd=16,
+                      recurrence='t2mlr', rec_start=0, rec_end=1, rec_gate_init=1.0))
+    path = str(tmp_path / 's3.pt')
+    save_checkpoint({'model': m.state_dict(), 'model_args': dataclasses.asdict(m.config), 'iter_num': 7,
+                     'config': {'dataset': 's3', 'data_root': str(tmp_path)}}, path)
+    tool = os.path.join(REPO, 'lab', 'state_parts.py')
+    r = subprocess.run([sys.executable, tool, path, '--rows=5'], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    X, Y = load_split(str(tmp_path / 's3'), 'test', load_meta(str(tmp_path / 's3')))
+    m.eval()
+    with torch.no_grad():
+        pred = m(torch.from_numpy(X[:5].astype(np.int64)), mode='exact')[0].argmax(-1).numpy()
+    acc = (pred == Y[:5])[Y[:5] >= 0].mean()
+    line = next(l for l in r.stdout.splitlines() if l.split()[:1] == ['element'])
+    assert float(line.split()[1]) == pytest.approx(acc, abs=5e-4 + 1e-9) and '5 rows, 80 state labels' in r.stdout
+    _, parity = make(tmp_path, 't2mlr')
+    r = subprocess.run([sys.executable, tool, parity], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and 'not a permutation group' in r.stderr and 'Traceback' not in r.stderr
