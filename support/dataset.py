@@ -35,6 +35,7 @@ load_meta() also checks every file's size, so an interrupted run is never accept
 import json
 import os
 import re
+import signal
 import sys
 import zlib
 
@@ -395,7 +396,13 @@ def begin_dataset(out_dir):
         lock_folder(out_dir, 'prepare.py')
     for f in remove_stale_tmp(out_dir):
         print(f"note: removed {f}, left by an interrupted prepare", file=sys.stderr)
-    _REPLACING[os.path.realpath(out_dir)] = move_aside(out_dir, dataset_files(out_dir))
+    # SIGINT/SIGTERM held (not lost) until the old files are aside AND noted: an interrupt between the
+    # two would leave them in .old.<pid> with nothing to put them back (abort_datasets reads the note)
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        _REPLACING[os.path.realpath(out_dir)] = move_aside(out_dir, dataset_files(out_dir))
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def dataset_files(folder):

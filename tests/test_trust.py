@@ -195,6 +195,33 @@ def test_sigterm_during_reprepare_keeps_the_old_dataset(tmp_path):
     assert p.returncode == 130 and 'interrupted' in err and 'Traceback' not in err, err
     assert kept(out) == before
 
+
+def test_signal_while_moving_the_old_dataset_aside_waits_until_it_can_be_put_back(tmp_path, monkeypatch):
+    # the race the test above can hit: SIGTERM after .old.<pid> exists but before the move is noted;
+    # here the signal comes deterministically, from inside the first rename of the move
+    import signal
+    from support import dataset
+    out = tmp_path / 's5'
+    small = ['s5', '--group=Z2', '--n_val=2', '--n_test=2', '--train_len=8', '--test_lens=12', f'--out_dir={out}']
+    assert prep(*small, '--n_train=8')[0] == 0
+    before = kept(out)
+    real_replace = os.replace
+
+    def replace_and_signal(src, dst):
+        real_replace(src, dst)
+        if '.old.' in str(dst):
+            os.kill(os.getpid(), signal.SIGTERM)  # its handler raises at the next bytecode, unless held
+    previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    monkeypatch.setattr(dataset.os, 'replace', replace_and_signal)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            dataset.begin_dataset(str(out))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        monkeypatch.undo()
+        dataset.abort_datasets()  # what prepare.py runs on its way out
+    assert kept(out) == before
+
 # -----------------------------------------------------------------------------
 # 4. disk and permission faults: one line each, at start where they can be seen at start
 
