@@ -62,9 +62,10 @@ def state_labels(meta, split, X, Y, ids):
 def main(argv):
     paths = [a for a in argv if not a.startswith('--')]
     opts = dict(a[2:].split('=', 1) for a in argv if a.startswith('--') and '=' in a)
-    split, rows = opts.get('split', 'test'), int(opts.get('rows', 500))
-    if not paths or set(opts) - {'split', 'rows'}:
+    split, rows = opts.get('split', 'test'), opts.get('rows', '500')
+    if not paths or set(opts) - {'split', 'rows'} or not rows.isdigit() or int(rows) < 1:
         fail("usage: python lab/state_parts.py CKPT.pt [CKPT.pt ...] [--split=test] [--rows=500]")
+    rows = int(rows)
     for path in paths:
         try:
             model, ckpt = load_checkpoint(path)

@@ -258,3 +258,5 @@ def test_state_parts_tool(tmp_path):
     _, parity = make(tmp_path, 't2mlr')
     r = subprocess.run([sys.executable, tool, parity], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and 'not a permutation group' in r.stderr and 'Traceback' not in r.stderr
+    r = subprocess.run([sys.executable, tool, path, '--rows=0'], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and 'usage' in r.stderr and 'Traceback' not in r.stderr
