@@ -32,11 +32,13 @@ interrupted, deleted once it succeeds), and the new meta.json is written LAST.
 load_meta() also checks every file's size, so an interrupted run is never accepted.
 """
 
+import contextlib
 import json
 import os
 import re
 import signal
 import sys
+import threading
 import zlib
 
 import numpy as np
@@ -398,11 +400,27 @@ def begin_dataset(out_dir):
         print(f"note: removed {f}, left by an interrupted prepare", file=sys.stderr)
     # SIGINT/SIGTERM held (not lost) until the old files are aside AND noted: an interrupt between the
     # two would leave them in .old.<pid> with nothing to put them back (abort_datasets reads the note)
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-    try:
+    with signals_held():
         _REPLACING[os.path.realpath(out_dir)] = move_aside(out_dir, dataset_files(out_dir))
+
+
+@contextlib.contextmanager
+def signals_held():
+    """Inside the block SIGINT/SIGTERM are noted, not acted on; the first is delivered as it ends.
+    The handlers are swapped rather than the signal mask set: a process-wide signal goes to any thread
+    that does not block it (torch's, pytest-xdist's), while Python runs its handlers in the main thread."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+    got = []
+    before = {s: signal.signal(s, lambda n, frame: got.append(n)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        for s, h in before.items():
+            signal.signal(s, signal.SIG_DFL if h is None else h)
+        if got:
+            signal.raise_signal(got[0])
 
 
 def dataset_files(folder):

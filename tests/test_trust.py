@@ -200,6 +200,7 @@ def test_signal_while_moving_the_old_dataset_aside_waits_until_it_can_be_put_bac
     # the race the test above can hit: SIGTERM after .old.<pid> exists but before the move is noted;
     # here the signal comes deterministically, from inside the first rename of the move
     import signal
+    import threading
     from support import dataset
     out = tmp_path / 's5'
     small = ['s5', '--group=Z2', '--n_val=2', '--n_test=2', '--train_len=8', '--test_lens=12', f'--out_dir={out}']
@@ -213,10 +214,15 @@ def test_signal_while_moving_the_old_dataset_aside_waits_until_it_can_be_put_bac
             os.kill(os.getpid(), signal.SIGTERM)  # its handler raises at the next bytecode, unless held
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     monkeypatch.setattr(dataset.os, 'replace', replace_and_signal)
+    # a second thread, as torch and pytest-xdist have: the kernel may hand the signal to it
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, daemon=True)
+    other.start()
     try:
         with pytest.raises(KeyboardInterrupt):
             dataset.begin_dataset(str(out))
     finally:
+        stop.set()
         signal.signal(signal.SIGTERM, previous)
         monkeypatch.undo()
         dataset.abort_datasets()  # what prepare.py runs on its way out
