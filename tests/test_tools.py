@@ -177,7 +177,9 @@ def test_relabel(tmp_path):
     """lab/relabel.py: --drop=state unlabels the training split's moves only; --ask_at=move puts
     each slot's value at the move before it, in every split, and unlabels the slots; --swap=True
     exchanges the labels of each move and its slot; with --drop=lookup the training split's moves
-    are then unlabelled (the state alone), the other splits keep the swap's labels."""
+    are then unlabelled (the state alone), the other splits keep the swap's labels; --phase1=True
+    asks the training split's values at the move too, under the dataset's own name, the other
+    splits untouched."""
     sys.path.insert(0, os.path.join(REPO, 'lab'))
     from relabel import relabel
     from support.tasks import position_kinds
@@ -189,6 +191,13 @@ def test_relabel(tmp_path):
     relabel('r', ask_at='move', data_root=str(tmp_path))
     relabel('r', swap=True, data_root=str(tmp_path))
     relabel('r', swap=True, drop='lookup', data_root=str(tmp_path))
+    relabel('r', phase1=True, data_root=str(tmp_path))
+    assert load_meta(str(tmp_path / 'phase1' / 'r'))['name'] == 'r'  # a resume onto the official rows accepts it
+    for split in ('train', 'test_7'):
+        k, old, p1 = position_kinds(meta, split), y('r', split), y('phase1/r', split)
+        assert (p1[:, k['state']] == old[:, k['value']]).all() if split == 'train' else (p1 == old).all()
+        assert (p1[:, ~k['state']] == old[:, ~k['state']]).all()
+        assert (tmp_path / 'phase1' / 'r' / f'{split}_x.bin').read_bytes() == (tmp_path / 'r' / f'{split}_x.bin').read_bytes()
     for split in ('train', 'test_7'):
         k, old, ns, am = position_kinds(meta, split), y('r', split), y('r_nostate', split), y('r_atmove', split)
         sw, nl = y('r_swap', split), y('r_swap_nolookup', split)
@@ -201,6 +210,36 @@ def test_relabel(tmp_path):
         assert (am[:, ~(k['state'] | k['value'])] == old[:, ~(k['state'] | k['value'])]).all()
         for d in ('r_nostate', 'r_atmove', 'r_swap', 'r_swap_nolookup'):  # the inputs untouched
             assert (tmp_path / d / f'{split}_x.bin').read_bytes() == (tmp_path / 'r' / f'{split}_x.bin').read_bytes()
+
+
+def test_two_phases(tmp_path):
+    """config/s5_retrieval_2phase_t2mlr.py's two commands on tiny rows: phase 1 trains on
+    lab/relabel.py --phase1's copy (another data_root, the same dataset name), phase 2 resumes
+    that run on the official rows and says the labels changed under it."""
+    sys.path.insert(0, os.path.join(REPO, 'lab'))
+    from relabel import relabel
+    prepare.main(['s5_retrieval', '--group=S3', '--k=1', '--n_actions=5', '--test_actions=7', '--n_train=30',
+                  '--n_val=4', '--n_test=4', f"--out_dir={tmp_path / 's5_retrieval_S3'}"])
+    relabel('s5_retrieval_S3', phase1=True, data_root=str(tmp_path))
+    env = {**os.environ, 'OMP_NUM_THREADS': '1'}
+    small = ['--n_embd=16', '--n_head=2', '--n_kv_head=1', '--batch_size=4', '--n_subsets=21', '--eval_interval=2',
+             '--eval_examples=4', '--eval_examples_mid=4', '--eval_iters=1', '--eval_exact_iters=1', '--log_interval=1',
+             f"--out_dir={tmp_path / 'run'}"]
+
+    def train(*extra):
+        r = subprocess.run([sys.executable, os.path.join(REPO, 'train.py'),
+                            os.path.join(REPO, 'config', 's5_retrieval_2phase_t2mlr.py'), *small, *extra],
+                           capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        return r.stdout + r.stderr
+
+    train(f"--data_root={tmp_path / 'phase1'}", '--max_iters=2')
+    out = train(f"--data_root={tmp_path}", '--init_from=resume', '--max_iters=4')
+    assert 'relabel phase1 -> None' in out  # the note that the labels changed under the run
+    ck = torch.load(tmp_path / 'run' / 'ckpt.pt', map_location='cpu', weights_only=False)
+    assert ck['iter_num'] == 4 and ck['config']['lr_decay_iters'] == 3000
+    recs = [json.loads(l) for l in open(tmp_path / 'run' / 'log.jsonl')]
+    assert sorted(r['iter'] for r in recs if r.get('type') == 'train') == [1, 2, 3, 4]
 
 
 def _state_parts():
