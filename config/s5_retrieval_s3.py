@@ -6,6 +6,7 @@
 # layer 1 (its l_start=1, l_end=-2), Jacobi D=16 < T with gradient through the last B=4, NoPE,
 # the state's residual on and detached; a CPU learning rate and batch.
 # Baseline: --recurrence=none --train_mode=plain --out_dir=out/s5_retrieval_s3_plain
+# It does not learn the task in its 5000 steps (EM 0.00, docs/evidence.md); config/s5_retrieval_2phase_t2mlr.py does.
 out_dir = 'out/s5_retrieval_s3'
 dataset = 's5_retrieval_S3'
 n_layer = 4
