@@ -25,7 +25,7 @@ $ python lab/relabel.py s5_retrieval_S3 --phase1=True   # -> data/phase1/s5_retr
                training split each value is asked at its move as well as at the slot after it
                (the states unlabelled), the evaluation splits as they were. Under the same
                dataset name in another folder, so that a run continues from it onto the
-               official rows with --init_from=resume (docs/evidence.md, "The hop learned")
+               official rows with --init_from=resume (docs/evidence.md, "The official layout in two phases")
 """
 
 import json
