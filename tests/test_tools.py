@@ -212,10 +212,13 @@ def test_relabel(tmp_path):
             assert (tmp_path / d / f'{split}_x.bin').read_bytes() == (tmp_path / 'r' / f'{split}_x.bin').read_bytes()
 
 
-def test_two_phases(tmp_path):
-    """config/s5_retrieval_2phase_t2mlr.py's two commands on tiny rows: phase 1 trains on
-    lab/relabel.py --phase1's copy (another data_root, the same dataset name), phase 2 resumes
-    that run on the official rows and says the labels changed under it."""
+@pytest.mark.parametrize('config,phase1', [('s5_retrieval_2phase_t2mlr.py', []),
+                                            ('s5_retrieval_2phase_lrt.py', ['--train_mode=jacobi', '--n_iter=2', '--n_grad=1'])])
+def test_two_phases(tmp_path, config, phase1):
+    """The two-phase configs' two commands on tiny rows: phase 1 trains on lab/relabel.py
+    --phase1's copy (another data_root, the same dataset name; LRT's on Jacobi), phase 2 resumes
+    that run on the official rows (LRT's switching to the config's interleaved scheme) and says the
+    labels changed under it."""
     sys.path.insert(0, os.path.join(REPO, 'lab'))
     from relabel import relabel
     prepare.main(['s5_retrieval', '--group=S3', '--k=1', '--n_actions=5', '--test_actions=7', '--n_train=30',
@@ -228,16 +231,18 @@ def test_two_phases(tmp_path):
 
     def train(*extra):
         r = subprocess.run([sys.executable, os.path.join(REPO, 'train.py'),
-                            os.path.join(REPO, 'config', 's5_retrieval_2phase_t2mlr.py'), *small, *extra],
+                            os.path.join(REPO, 'config', config), *small, *extra],
                            capture_output=True, text=True, timeout=300, env=env)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
         return r.stdout + r.stderr
 
-    train(f"--data_root={tmp_path / 'phase1'}", '--max_iters=2')
+    out = train(f"--data_root={tmp_path / 'phase1'}", '--max_iters=2', *phase1)
+    assert f"train_mode={'jacobi' if phase1 else 'interleaved'}" in out
     out = train(f"--data_root={tmp_path}", '--init_from=resume', '--max_iters=4')
     assert 'relabel phase1 -> None' in out  # the note that the labels changed under the run
+    assert 'train_mode=interleaved' in out  # phase 2 on the config's exact scheme
     ck = torch.load(tmp_path / 'run' / 'ckpt.pt', map_location='cpu', weights_only=False)
-    assert ck['iter_num'] == 4 and ck['config']['lr_decay_iters'] == 3000
+    assert ck['iter_num'] == 4 and ck['config']['lr_decay_iters'] == 3000 and ck['config']['train_mode'] == 'interleaved'
     recs = [json.loads(l) for l in open(tmp_path / 'run' / 'log.jsonl')]
     assert sorted(r['iter'] for r in recs if r.get('type') == 'train') == [1, 2, 3, 4]
 
