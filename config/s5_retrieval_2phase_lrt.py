@@ -3,7 +3,7 @@
 # stream and keys/values) in place of T2MLR's fusion. Phase 1 runs on Jacobi with D = 2: a guess
 # of the memory (phase 1 labels no state) and the gradient one step back along the chain, not
 # through it. On the exact chain LRT did not find phase 1's lookup (0 of 6 runs), with the cut it
-# did on 2 of 3 seeds (docs/evidence.md).
+# did on 4 of 5 seeds (docs/evidence.md).
 # Data: python prepare.py s5_retrieval --group=S3 --k=1 && python lab/relabel.py s5_retrieval_S3 --phase1=True
 # Phase 1: python train.py config/s5_retrieval_2phase_lrt.py --data_root=data/phase1 --max_iters=1000 \
 #              --train_mode=jacobi --n_iter=2 --n_grad=1
