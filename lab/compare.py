@@ -101,6 +101,12 @@ MODELS = {
     # AdamW's second moment over ~1000 steps instead of ~20: a solved model's bursts meet the memory of
     # the escape's gradients instead of a near-zero v, so they are not blown up to full-size steps
     't2mlr_b2': ['config/t2mlr_small.py', '--beta2=0.999'],
+    # between the two: a memory of ~100 steps, past the ~10 of the first moment and a burst's length
+    't2mlr_b299': ['config/t2mlr_small.py', '--beta2=0.99'],
+    # the learning rate after the escape: the cosine reaches min_lr (2e-4) at step 750 or 500 instead of
+    # 1500, and stays there (runs escape at steps 250-700; the throw-backs come 100-300 steps later)
+    't2mlr_decay750': ['config/t2mlr_small.py', '--lr_decay_iters=750'],
+    't2mlr_decay500': ['config/t2mlr_small.py', '--lr_decay_iters=500'],
     't2mlr_full': [*T2_JACOBI],                                  # layers 0..3, Jacobi D=8 B=4
     't2mlr_mid': [*T2_JACOBI, '--rec_start=1', '--rec_end=2'],   # middle block 1..2
     't2mlr_full_D32': [*T2_JACOBI, '--n_iter=32', '--n_grad=4'],  # D >= T: exact training
@@ -285,9 +291,11 @@ def run(name, seed):
             os.remove(os.path.join(run_dir, f))
     cmd = [sys.executable, os.path.join(here, 'train.py')] + [os.path.join(here, a) if a.endswith('.py') else a
                                                              for a in MODELS[name.split('@')[0]]]
+    arm = MODELS[name.split('@')[0]]  # its own decay, if it sets one: the cosine over the run's steps otherwise
+    decay = [] if any(a.startswith('--lr_decay_iters=') for a in arm) else [f'--lr_decay_iters={steps}']
     every = curve_interval if curve_interval > 0 else config_value(name, 'eval_interval', steps) if text else steps
     cmd += [f'--data_root={data_root}', f'--dataset={dataset}', f'--out_dir={run_dir}', f'--seed={seed}',
-            f'--max_iters={steps}', f'--eval_interval={every}', f'--lr_decay_iters={steps}',
+            f'--max_iters={steps}', f'--eval_interval={every}'] + decay + [
             '--eval_first=False', '--eval_examples=1000', f'--eval_examples_mid={curve_examples}',
             '--overwrite=True'] + quick_args + extra.split()
     print(f"{name} seed {seed}: {' '.join(cmd[1:])}", flush=True)

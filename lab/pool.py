@@ -8,8 +8,10 @@ $ python lab/pool.py NAME=MODEL:RESULTS.json[,RESULTS.json...][@SEEDS] [NAME=...
 Each argument is one arm: a label, compare.py's model name in those files, the files, and
 optionally which seeds to keep (e.g. @1,2,3; default every seed, a seed found twice is an error).
 Prints per arm the exact EM at the longest test length (median [min, max]) and how many seeds reach
-0.9, the plateau-escape step, the largest pre-clip gradient norm and the final exact val loss; and,
-for every arm after the first, the two-sided Mann-Whitney p of those three endpoints against the first.
+0.9, the plateau-escape step, the largest pre-clip gradient norm and the final exact val loss; where
+the files log them, how many runs were thrown back onto the plateau after their escape and the
+highest loss after it; and, for every arm after the first, the two-sided Mann-Whitney p of those
+endpoints (the count of throw-backs a run had, not the k of n) against the first.
 """
 
 import json
@@ -80,10 +82,23 @@ def longest_split(f, d):
 
 
 def endpoints(rows, split):
-    return {'em': [r['eval'][f'{split}/em_exact'] for r in rows.values()],
-            'escape': [r['escape'] for r in rows.values()],
-            'grad_max': [r['curve']['grad_max'] for r in rows.values()],
-            'val_loss': [r['eval']['val/loss_exact'] for r in rows.values()]}
+    e = {'em': [r['eval'][f'{split}/em_exact'] for r in rows.values()],
+         'escape': [r['escape'] for r in rows.values()],
+         'grad_max': [r['curve']['grad_max'] for r in rows.values()],
+         'val_loss': [r['eval']['val/loss_exact'] for r in rows.values()]}
+    if all('collapses' in r and 'train' in r['curve'] for r in rows.values()):  # the throw-backs, if logged
+        e['collapses'] = [r['collapses'] for r in rows.values()]
+        e['peak'] = [peak_after(r['curve']['train'], r['escape']) for r in rows.values()]
+    return e
+
+
+def peak_after(train, escape):
+    """How far back a run was thrown: the highest mean train loss of a log interval after its
+    escape (train = [[step, loss], ...]; 0 if it never escaped)."""
+    return max((loss for step, loss in train if step > escape), default=0.0)
+
+
+NAMES = {'escape': 'escape', 'grad_max': 'grad norm', 'val_loss': 'val loss', 'collapses': 'throw-backs', 'peak': 'peak'}
 
 
 if __name__ == '__main__':
@@ -97,9 +112,14 @@ if __name__ == '__main__':
         line = (f"{name}: seeds {','.join(map(str, rows))}; EM@{length} {em[0]:.2f} [{em[1]:.2f}, {em[2]:.2f}], "
                 f"{sum(x >= 0.9 for x in e['em'])}/{len(rows)} >= 0.9; escape {esc[0]:g} [{esc[1]:g}, {esc[2]:g}]; "
                 f"largest grad norm {g[0]:.0e} [{g[1]:.0e}, {g[2]:.0e}]; val loss {v[0]:.4f} [{v[1]:.4f}, {v[2]:.4f}]")
+        if 'peak' in e:
+            pk = med_range(e['peak'])
+            line += (f"; thrown back {sum(c > 0 for c in e['collapses'])}/{len(rows)}, "
+                     f"peak loss after the escape {pk[0]:.3f} [{pk[1]:.3f}, {pk[2]:.3f}]")
         if base is not None:
-            line += '; p vs {} (escape, grad norm, val loss): {}'.format(
-                base[0], ', '.join(f"{rank_test(e[k], base[1][k]):.3g}" for k in ('escape', 'grad_max', 'val_loss')))
+            keys = ('escape', 'grad_max', 'val_loss') + (('collapses', 'peak') if 'peak' in e and 'peak' in base[1] else ())
+            line += '; p vs {} ({}): {}'.format(base[0], ', '.join(NAMES[k] for k in keys),
+                                                ', '.join(f"{rank_test(e[k], base[1][k]):.3g}" for k in keys))
         else:
             base = (name, e)
         print(line)

@@ -171,6 +171,20 @@ def test_pool(tmp_path):
     json.dump(d, open(tmp_path / 'e.json', 'w'))
     r = pool(f'va=va:{tmp_path / "e.json"}')
     assert r.returncode != 0 and "no split 'test_94'" in r.stderr and 'Traceback' not in r.stderr
+    # files that log the training curve and the throw-backs: counted, and the peak loss after the escape
+    def curved(seed, escape, collapses, train):
+        return dict(row(seed, 1.0, escape, 1e3, 0.0), collapses=collapses, curve={'grad_max': 1e3, 'train': train})
+    write('f.json', 'calm', [curved(1, 100, 0, [[50, 0.7], [100, 0.1], [150, 0.05]]),
+                             curved(2, 150, 0, [[100, 0.6], [150, 0.1], [200, 0.02]])])
+    write('g.json', 'wild', [curved(1, 100, 1, [[100, 0.1], [150, 0.9], [200, 0.0]]),
+                             curved(2, 50, 2, [[50, 0.1], [100, 0.3], [150, 0.0], [200, 0.7]])])
+    r = pool(f'wild=wild:{tmp_path / "g.json"}', f'calm=calm:{tmp_path / "f.json"}')
+    assert r.returncode == 0, r.stderr
+    wild, calm = r.stdout.splitlines()
+    assert 'thrown back 2/2, peak loss after the escape 0.800 [0.700, 0.900]' in wild
+    # every calm count and peak ranks below every wild one: 1 split of C(4, 2) = 6 each way, p = 1/3
+    assert 'thrown back 0/2, peak loss after the escape 0.035 [0.020, 0.050]' in calm
+    assert calm.endswith('(escape, grad norm, val loss, throw-backs, peak): 0.667, 1, 1, 0.333, 0.333')
 
 
 def test_relabel(tmp_path):
