@@ -67,15 +67,19 @@ def test_compare_curves_and_new_models(tmp_path):
     prep('s5', '--group=S3', '--n_train=64', '--n_val=8', '--n_test=8', '--train_len=8', '--test_lens=12',
          f'--out_dir={tmp_path}/data/s5_S3')
     cmd = [sys.executable, os.path.join(ROOT, 'lab', 'compare.py'), '--quick=True', '--max_iters=2', '--seeds=1',
-           '--models=lrt_r4_w32,t2mlr_w32_D4,t2mlr_w32_D8,plain_w32', '--dataset=s5_S3', '--curve_interval=1',
+           '--models=lrt_r4_w32,t2mlr_w32_D4,t2mlr_w32_D8,plain_w32,t2mlr_decay500', '--dataset=s5_S3', '--curve_interval=1',
            '--curve_examples=4', f'--data_root={tmp_path}/data', f'--out_dir={tmp_path}/cmp',
            f'--results_dir={tmp_path}/evidence/s5_S3']
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert '--n_rounds=4' in p.stdout and '--n_iter=4' in p.stdout
+    # an arm's own learning-rate schedule is kept; the others' cosine spans the run's steps
+    cmds = {l.split(' seed ')[0]: l for l in p.stdout.splitlines() if ' seed 1: ' in l}
+    assert '--lr_decay_iters=500' in cmds['t2mlr_decay500'] and '--lr_decay_iters=2' not in cmds['t2mlr_decay500']
+    assert '--lr_decay_iters=2' in cmds['plain_w32']
     assert not os.path.exists(tmp_path / 'cmp' / 'results.json')  # the tables went to results_dir
     res = json.load(open(tmp_path / 'evidence' / 's5_S3' / 'results.json'))
-    assert res['dataset'] == 's5_S3' and sorted(res['summary']) == ['lrt_r4_w32', 'plain_w32', 't2mlr_w32_D4', 't2mlr_w32_D8']
+    assert res['dataset'] == 's5_S3' and sorted(res['summary']) == ['lrt_r4_w32', 'plain_w32', 't2mlr_decay500', 't2mlr_w32_D4', 't2mlr_w32_D8']
     # the FLOP count orders the schemes: deeper Jacobi costs more, the plain model least
     f = {n: s['flops_per_token'] for n, s in res['summary'].items()}
     assert f['plain_w32'] < f['t2mlr_w32_D4'] < f['t2mlr_w32_D8']
