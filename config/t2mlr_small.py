@@ -20,6 +20,7 @@ max_iters = 1500
 learning_rate = 2e-3
 gate_lr_mult = 0.1       # the scalar gates g_cur, g_rec at a tenth of the learning rate (docs/recipe.md)
 min_lr = 2e-4
+lr_decay_iters = 500     # the cosine reaches min_lr at step 500 and holds it: small steps once solved (docs/recipe.md)
 warmup_iters = 50
 eval_interval = 500
 eval_examples = 1000     # rows per test split for accuracy and exact match at the end ...
