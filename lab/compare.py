@@ -87,10 +87,10 @@ MODELS = {
     # gradient) with a one-step gradient (one Jacobi iteration and the final pass: Jacobi D = 32 = T, B = 1's
     # states and gradient, t2mlr_j32b1), a 32-token window, the scalar gates at a tenth of the learning rate. For S3, the recurrent gate open at init and trained exactly (interleaved S = 32):
     # config/s3_t2mlr.py, the same run as t2mlr_full_w32_S32_gate1
-    # (compare.py spans the cosine over the run's steps unless an arm sets lr_decay_iters: this arm is
-    # the quick start before its cosine ended at step 500, which keeps docs/recipe.md's tables of it
-    # reproducible; the quick start as shipped is t2mlr_decay500)
     't2mlr': ['config/t2mlr_small.py'],
+    # the quick start before its cosine ended at step 500: the cosine over all the run's steps (-1);
+    # docs/recipe.md's tables made before then name it t2mlr
+    't2mlr_cos': ['config/t2mlr_small.py', '--lr_decay_iters=-1'],
     't2mlr_gate1': [*T2_EXACT, '--rec_gate_init=1.0', '--gate_lr_mult=1.0'],
     # against the bursts of gradient, which land on the scalar gate g_rec (docs/recipe.md): the scalar
     # gates at a tenth of the learning rate, on the exact scheme (t2mlr_full_w32_S32); the recipe before
@@ -109,7 +109,7 @@ MODELS = {
     # the learning rate after the escape: the cosine reaches min_lr (2e-4) at step 750 or 500 instead of
     # 1500, and stays there (runs escape at steps 250-700; the throw-backs come 100-300 steps later)
     't2mlr_decay750': ['config/t2mlr_small.py', '--lr_decay_iters=750'],
-    't2mlr_decay500': ['config/t2mlr_small.py', '--lr_decay_iters=500'],  # = config/t2mlr_small.py now
+    't2mlr_decay500': ['config/t2mlr_small.py', '--lr_decay_iters=500'],  # = t2mlr since (its table's name)
     't2mlr_full': [*T2_JACOBI],                                  # layers 0..3, Jacobi D=8 B=4
     't2mlr_mid': [*T2_JACOBI, '--rec_start=1', '--rec_end=2'],   # middle block 1..2
     't2mlr_full_D32': [*T2_JACOBI, '--n_iter=32', '--n_grad=4'],  # D >= T: exact training
@@ -294,11 +294,9 @@ def run(name, seed):
             os.remove(os.path.join(run_dir, f))
     cmd = [sys.executable, os.path.join(here, 'train.py')] + [os.path.join(here, a) if a.endswith('.py') else a
                                                              for a in MODELS[name.split('@')[0]]]
-    arm = MODELS[name.split('@')[0]]  # its own decay, if it sets one: the cosine over the run's steps otherwise
-    decay = [] if any(a.startswith('--lr_decay_iters=') for a in arm) else [f'--lr_decay_iters={steps}']
     every = curve_interval if curve_interval > 0 else config_value(name, 'eval_interval', steps) if text else steps
     cmd += [f'--data_root={data_root}', f'--dataset={dataset}', f'--out_dir={run_dir}', f'--seed={seed}',
-            f'--max_iters={steps}', f'--eval_interval={every}'] + decay + [
+            f'--max_iters={steps}', f'--eval_interval={every}',  # the schedule: the config's (-1: over max_iters)
             '--eval_first=False', '--eval_examples=1000', f'--eval_examples_mid={curve_examples}',
             '--overwrite=True'] + quick_args + extra.split()
     print(f"{name} seed {seed}: {' '.join(cmd[1:])}", flush=True)
