@@ -403,7 +403,7 @@ class GPT(nn.Module):
             return rope, causal_mask(pos, torch.arange(cache.max_len, device=pos.device), W)
         rope = (self.rope_cos[pos.start:pos.stop:pos.step, None], self.rope_sin[pos.start:pos.stop:pos.step, None])
         strided = cache is not None and len(pos) > 1 and not (pos.start == 0 and pos.step == 1)
-        if W == 0 and not strided:
+        if (W == 0 or pos[-1] < W) and not strided:  # the window cuts no key before position W
             return rope, None
         kpos = torch.arange(pos[-1] + 1, device=self.rope_cos.device)
         qpos = torch.arange(pos.start, pos.stop, pos.step, device=kpos.device)
@@ -534,8 +534,9 @@ class GPT(nn.Module):
         'plain' (official): the span without the state, each token handing on its raw h^(e);
         'zero': one iteration from the zero state; 'exact': the exact loop itself, without gradient."""
         if self.config.jacobi_init == 'exact':  # the states the exact loop reads; no layer above it, no head
-            with torch.no_grad():
-                return self._span_in_order(x, idx, 1, KVCache(self.config.n_layer, idx.size(1)), rec_mask)[1]
+            with torch.inference_mode():  # (no autograd bookkeeping at all; clone() makes a normal tensor)
+                state = self._span_in_order(x, idx, 1, KVCache(self.config.n_layer, idx.size(1)), rec_mask)[1]
+            return state.clone()
         if self.config.jacobi_init == 'zero':
             return self._jacobi_step(x, idx, torch.zeros_like(x), rec_mask, cache, recompute)
         plain = torch.zeros(idx.shape, dtype=torch.bool, device=idx.device)  # no token reads a state

@@ -1,5 +1,6 @@
 """train.py end to end through its CLI: DDP equivalence, exact resume, compile, configs, errors."""
 
+import json
 import os
 import subprocess
 import sys
@@ -86,6 +87,8 @@ def test_smoke_config_t2mlr_small_and_eval(data, tmp_path):
     assert os.path.isfile(tmp_path / 'out' / 'ckpt.pt')
     lines = open(tmp_path / 'out' / 'log.jsonl').read().splitlines()
     assert any('"type": "eval"' in l and 'test_16/em_exact' in l for l in lines)
+    last = [json.loads(l) for l in lines if '"type": "eval"' in l][-1]  # Jacobi from the exact states: approx is
+    assert last['val/loss_approx'] == last['val/loss_exact'] and last['val/em_approx'] == last['val/em_exact']  # not rerun
     # eval_only on the checkpoint
     p = run([f'--data_root={data}', '--dataset=s5_Z2', f'--out_dir={tmp_path}/out', '--init_from=resume',
              '--eval_only=True', '--eval_iters=1', '--eval_exact_iters=1', '--eval_examples=8'], tmp_path)
