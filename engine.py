@@ -17,7 +17,7 @@ model's own. The tokens equal eager GPT.generate's (tests/test_decode.py, tests/
 
 import torch
 
-from model import GPT, KVCache, sample
+from lab.model_full import GPT, KVCache, sample
 from support.checks import check_decode_step, check_generate
 
 

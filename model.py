@@ -1,17 +1,15 @@
 """
-One GPT with latent token-to-token recurrence: the method and nothing else. A Llama-style
-decoder plus a constant-size state that carries the hidden state of token t-1 at a source
-layer e (rec_end) into an earlier layer s (rec_start) of token t (docs/DESIGN.md 3, 4):
-  't2mlr'  T2MLR: a gated fusion Phi(h, R) at the input of block s; R_t read after block e.
-  'lrt'    LRT: the memory m_t = rmsnorm(h^(e)_t) injected into every block >= s, into the
-           residual stream and into each token's own key/value.
+A GPT with latent token-to-token recurrence: the two papers' method in one file (torch only).
+A Llama-style decoder plus one constant-size state: the hidden state of token t-1 at a source
+layer e (rec_end) is fed into an earlier layer s (rec_start) of token t (docs/DESIGN.md 3, 4):
+  't2mlr'  a gated fusion Phi(h, R) at the input of block s; R_t read after block e
+  'lrt'    the memory m_t = rmsnorm(h^(e)_t) injected into every block >= s (residual, key, value)
 Layers are 0-based; h^(l)_t is the residual stream at the OUTPUT of block l for token t.
-  below = blocks 0..s-1     never read the state: always in parallel
-  span  = blocks s..e       read the state and produce the next one: the recurrence
-  above = blocks e+1..L-1   read the state (LRT) or not (T2MLR), never feed it: in parallel
-Every path (exact, Jacobi, interleaved, prefill, decode) is built on one primitive, run_blocks:
-"run blocks a..b for the tokens at positions pos, each reading its state, over this KV cache".
-engine.py runs the same steps fast: static shapes for torch.compile and CUDA graphs.
+  below = blocks 0..s-1 (never read the state: parallel), span = blocks s..e (the recurrence),
+  above = blocks e+1..L-1 (read the state (LRT) or not (T2MLR), never feed it: parallel).
+Every path is built on one primitive, run_blocks. Read in order: config, backbone, the two
+fusions, the model (exact loop, Jacobi, interleaved, generation), the KV cache, the helpers.
+The research model (official-code options, block training, masks) is lab/model_full.py.
 """
 
 import math
@@ -21,98 +19,62 @@ from typing import Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
-
-from support.checks import check_decode_step, check_generate, check_model_config, check_sampling, check_scheme
 
 # -----------------------------------------------------------------------------
 # config
 
 @dataclass
 class GPTConfig:
-    block_size: int = 1024      # max sequence length (RoPE table size; caps prompt + generated tokens)
+    block_size: int = 1024      # max sequence length (the RoPE table; prompt + generated tokens)
     vocab_size: int = 50304     # the tokens that exist: logits and loss cover exactly these
-    vocab_pad: int = 1          # rows rounded up to a multiple of this (128: fast LM head); never sampled or in the loss
-    n_layer: int = 4            # the defaults: the small model of config/*_small.py (train.py's)
+    vocab_pad: int = 1          # embedding rows rounded up to a multiple of this (128: a fast LM head)
+    n_layer: int = 4            # L blocks
     n_head: int = 4
     n_kv_head: int = 4          # < n_head: grouped-query attention
-    n_embd: int = 64
-    mlp_hidden: int = 0         # SwiGLU hidden width; 0 = 8/3 * n_embd rounded up to 64
-    rope_theta: float = 10000.0
-    rope: bool = True           # False: no positional encoding at all (NoPE; the official S5-Retrieval recipe)
-    norm_eps: float = 1e-5
-    dropout: float = 0.0
-    tie_embeddings: bool = True
-    attn_window: int = 0        # > 0: each token attends to the last attn_window tokens only (itself included)
-    recurrence: str = 'none'    # 'none' | 't2mlr' | 'lrt'
-    rec_start: int = 0          # s: first block that reads the state
-    rec_end: int = -1           # e: block whose output is the source of the state; -1 = last
-    reset_token: Optional[int] = None  # token id that starts a document: state reset to 0 there
-    # T2MLR options (DESIGN.md 3)
-    rec_residual: bool = True   # m_t = h^(e)_t + R_{t-1} (else m_t = h^(e)_t)
-    rec_proj: bool = True       # r = W_rec R (else r = R)
-    rec_gate_gain: float = 1.0  # xavier gain of f_cur/f_rec (a retrofit's: 1e-2, from_pretrained)
-    rec_gate_init: float = 0.0  # g_rec at init: 0 = Phi is the identity (official; a retrofit needs it)
-    rec_residual_detach: bool = False  # m_t = h^(e)_t + sg(R_{t-1}): no gradient through the residual (official option)
-    rec_scale_min: float = 0.2  # the bounds of the state's RMS scale, clamp(1/rms(m_t), min, max) (official: 1/5, 5)
-    rec_scale_max: float = 5.0
-    jacobi_init: str = 'plain'  # Jacobi's first guess (DESIGN.md 6): 'plain' (no fusion, as official), 'zero' or 'exact'
-    # LRT options (DESIGN.md 4)
-    lrt_inject: str = 'both'    # 'kv' | 'residual' | 'both'
-    lrt_shared: bool = True     # one W_fb_k/W_fb_v pair for all layers (else one per layer)
-    lrt_identity_init: bool = False  # gamma=0, W_fb=0: starts equal to the plain GPT
-    lrt_gate_channels: int = 0  # the gates read the first this-many channels of the normed input; 0 = all (DESIGN.md 11)
+    n_embd: int = 64            # d
+    attn_window: int = 0        # > 0: a token attends to the last attn_window tokens only (itself included)
+    reset_token: Optional[int] = None  # the token that starts a document: the state it reads is 0
+    recurrence: str = 'none'    # 'none' (the plain GPT) | 't2mlr' | 'lrt'
+    rec_start: int = 0          # s: the first block that reads the state
+    rec_end: int = -1           # e: the block whose output is the state; -1 = the last
+    rec_gate_init: float = 0.0  # T2MLR: g_rec at init (0: Phi is the identity, the model starts plain)
+    jacobi_init: str = 'plain'  # Jacobi's first guess: 'plain' (the span without the state, as the official code) or 'exact'
+    lrt_shared: bool = True     # LRT: one W_fb for every reading layer (the paper's LRT-shared), else one per layer
+    # fixed here, settings in lab/model_full.py
+    jacobi_inits = ('plain', 'exact')
+    norm_eps = 1e-5
+    rope_theta = 10000.0
+    tie_embeddings = True
 
     def __post_init__(self):
-        self.mlp_hidden = self.mlp_hidden or 64 * math.ceil(8 * self.n_embd / 3 / 64)
         self.rec_end = self.n_layer - 1 if self.rec_end == -1 else self.rec_end
+        self.mlp_hidden = 64 * math.ceil(8 * self.n_embd / 3 / 64)  # SwiGLU width: 8/3 d, rounded up to 64
         self.validate()
 
     @property
     def padded_vocab(self):
         return self.vocab_pad * math.ceil(self.vocab_size / self.vocab_pad)
 
-    def validate(self):  # the one check of a model's settings (support/checks.py): a ValueError naming the first broken
-        check_model_config(self)
+    def validate(self):  # every broken setting: one ValueError naming it
+        c, L, hd = self, self.n_layer, self.n_embd // max(1, self.n_head)
+        for ok, msg in [
+                (min(c.block_size, c.vocab_size, L, c.n_head, c.n_kv_head, c.n_embd) >= 1, "sizes must be >= 1"),
+                (c.n_embd % c.n_head == 0 and c.n_head % c.n_kv_head == 0 and hd % 2 == 0,
+                 f"n_embd={c.n_embd}, n_head={c.n_head}, n_kv_head={c.n_kv_head}: need n_head | n_embd, "
+                 "n_kv_head | n_head and an even head dim (RoPE)"),
+                (1 <= c.vocab_pad <= 4096, f"vocab_pad={c.vocab_pad} must be in 1..4096 (128 is the usual)"),
+                (c.attn_window >= 0, f"attn_window={c.attn_window} must be >= 0 (0 = full causal attention)"),
+                (c.reset_token is None or 0 <= c.reset_token < c.vocab_size, f"reset_token={c.reset_token} is not a token id"),
+                (c.recurrence in ('none', 't2mlr', 'lrt'), f"unknown recurrence {c.recurrence!r}; expected 'none', 't2mlr' or 'lrt'"),
+                (math.isfinite(c.rec_gate_init), f"rec_gate_init={c.rec_gate_init} must be finite"),
+                (c.jacobi_init in self.jacobi_inits, f"unknown jacobi_init {c.jacobi_init!r}; expected one of {self.jacobi_inits}"),
+                (c.recurrence == 'none' or 0 <= c.rec_start <= c.rec_end < L,
+                 f"rec_start={c.rec_start}, rec_end={c.rec_end}: need 0 <= rec_start <= rec_end < n_layer={L} (-1: the last)")]:
+            if not ok:
+                raise ValueError(f"GPTConfig: {msg}")
 
 # -----------------------------------------------------------------------------
-# KV cache: the one mechanism behind decoding, the exact forward and the interleaved training buffer
-
-class KVCache:
-    """Per-layer keys (after RoPE) and values, (B, n_kv_head, max_len, head_dim), by position.
-    write(i, pos, k, v): pos a range, return the prefix 0..pos[-1] (under autograd out of place:
-    gradients flow through the buffer). (engine.py's StaticKVCache adds an in-place one-token write.)"""
-
-    def __init__(self, n_layer, max_len):
-        self.max_len, self.k, self.v = max_len, [None] * n_layer, [None] * n_layer
-
-    def _full(self, i, k, v):
-        # the buffers at full length: allocate, or pad a graph-kept prefix (interleaved training)
-        if self.k[i] is None or self.k[i].dtype != k.dtype or self.k[i].size(0) != k.size(0):
-            shape = (k.size(0), k.size(1), self.max_len, k.size(3))
-            self.k[i], self.v[i] = k.new_zeros(shape), v.new_zeros(shape)
-        elif self.k[i].size(2) < self.max_len:
-            self.k[i], self.v[i] = (F.pad(t, (0, 0, 0, self.max_len - t.size(2))) for t in (self.k[i], self.v[i]))
-
-    def write(self, i, pos, k, v):
-        # pos: range of positions, k/v: (B, Hkv, len(pos), hd)
-        kv_len = pos[-1] + 1
-        if kv_len > self.max_len:
-            raise ValueError(f"KV cache holds {self.max_len} positions, position {pos[-1]} asked for")
-        if self.k[i] is None and pos.start == 0 and pos.step == 1 and torch.is_grad_enabled():
-            self.k[i], self.v[i] = k, v   # the first pass of a training forward: keep its graph
-            return k, v
-        self._full(i, k, v)
-        if torch.is_grad_enabled():  # out of place: autograd keeps every version
-            sl = dict(dim=2, start=pos.start, end=pos.stop, step=pos.step)
-            self.k[i], self.v[i] = self.k[i].slice_scatter(k, **sl), self.v[i].slice_scatter(v, **sl)
-        else:
-            self.k[i][:, :, pos.start:pos.stop:pos.step] = k
-            self.v[i][:, :, pos.start:pos.stop:pos.step] = v
-        return self.k[i][:, :, :kv_len], self.v[i][:, :, :kv_len]
-
-# -----------------------------------------------------------------------------
-# backbone
+# backbone: RMSNorm, RoPE, grouped-query attention, SwiGLU
 
 class RMSNorm(nn.Module):
     def __init__(self, dim, eps):
@@ -122,49 +84,36 @@ class RMSNorm(nn.Module):
     def forward(self, x):
         return F.rms_norm(x, (x.size(-1),), self.weight, self.eps)
 
-
 def rope_tables(head_dim, max_len, theta):
-    # Llama convention: frequencies duplicated over the two halves of the head
+    # Llama's RoPE: frequencies repeated over the two halves of a head -> cos, sin (max_len, hd),
+    # in the default dtype (float64 when a test builds the model so)
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-    freqs = torch.outer(torch.arange(max_len, dtype=torch.float64), inv_freq)
-    emb = torch.cat([freqs, freqs], dim=-1)  # (max_len, hd)
-    dtype = torch.get_default_dtype()  # float64 tables when a test builds the model in float64
-    # rotate_half(x) = [-x2, x1] = roll(x, hd/2) * [-1, +1]: the sign goes into the sin table
+    emb = torch.outer(torch.arange(max_len, dtype=torch.float64), inv_freq).repeat(1, 2)
     sign = torch.cat([-torch.ones(head_dim // 2), torch.ones(head_dim // 2)]).to(torch.float64)
-    return emb.cos().to(dtype), (emb.sin() * sign).to(dtype)
-
+    return emb.cos().to(torch.get_default_dtype()), (emb.sin() * sign).to(torch.get_default_dtype())
 
 def apply_rope(x, cos, sin):
-    # x: (B, T, H, hd); cos/sin: (T, 1, hd), sin signed (rope_tables). rotate_half pairs
-    # dim j with dim j + hd/2: x cos + rotate_half(x) sin, in 4 ops
+    # x: (B, T, H, hd); cos, sin: (T, 1, hd). x cos + rotate_half(x) sin, rotate_half(x) = [-x2, x1]
+    # = roll(x, hd/2) with the sign in the sin table
     return x * cos.to(x.dtype) + x.roll(x.size(-1) // 2, -1) * sin.to(x.dtype)
 
-
-def attend(q, k, v, mask, dropout_p=0.0):
-    """softmax(q k^T / sqrt(hd)) v through a fused kernel on every path. q: (B, H, Tq, hd); k, v:
-    (B, Hkv, Tk, hd), query head h reads KV head h // G, G = H / Hkv. mask: (Tq, Tk) bool, or
-    None: causal among the tokens, or one query that sees every key. Flash takes grouped heads
-    but no mask; the memory-efficient kernel takes a mask but (until recently) only equal head
-    counts. So with a mask the G query heads of a KV head are folded into the query axis,
-    (B, Hkv, G * Tq, hd), the mask repeated G times: equal head counts, no copy of K/V."""
+def attend(q, k, v, mask):
+    """softmax(q k^T / sqrt(hd)) v. q: (B, H, Tq, hd); k, v: (B, Hkv, Tk, hd), query head h reads KV head
+    h // G, G = H / Hkv. mask (Tq, Tk) bool, or None: causal. With a mask the G query heads of a KV
+    head fold into the query axis: one fused kernel, no copy of K/V."""
     B, H, Tq, hd = q.shape
     if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=Tq > 1, dropout_p=dropout_p, enable_gqa=True)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=Tq > 1, enable_gqa=True)
     G = H // k.size(1)
-    y = F.scaled_dot_product_attention(q.reshape(B, -1, G * Tq, hd), k, v, attn_mask=mask.repeat(G, 1), dropout_p=dropout_p)
-    return y.view(B, H, Tq, hd)
-
+    return F.scaled_dot_product_attention(q.reshape(B, -1, G * Tq, hd), k, v, attn_mask=mask.repeat(G, 1)).view(B, H, Tq, hd)
 
 class Attention(nn.Module):
     def __init__(self, config, i):
         super().__init__()
-        self.i = i  # the layer: its slot in the KV cache (and LRT's gates)
-        self.n_head, self.n_kv_head, self.hd = config.n_head, config.n_kv_head, config.n_embd // config.n_head
-        d, dkv = config.n_embd, self.n_kv_head * self.hd
-        # W_q, W_k, W_v stacked in one matrix (d + 2 dkv, d): one matmul for all three
-        self.wqkv = nn.Linear(d, d + 2 * dkv, bias=False)
-        self.wo = nn.Linear(d, d, bias=False)
-        self.dropout = config.dropout
+        self.i, self.n_head, self.n_kv_head = i, config.n_head, config.n_kv_head  # i: the slot in the KV cache
+        self.hd = config.n_embd // config.n_head
+        self.wqkv = nn.Linear(config.n_embd, config.n_embd + 2 * self.n_kv_head * self.hd, bias=False)  # [W_q; W_k; W_v]
+        self.wo = nn.Linear(config.n_embd, config.n_embd, bias=False)
 
     def forward(self, a, rope, pos, mask, cache, state_in=None):
         # a: (B, T, d) the normed block input of the tokens at positions pos
@@ -173,80 +122,66 @@ class Attention(nn.Module):
         qkv = self.wqkv(a).view(B, T, H + 2 * Hkv, self.hd)  # heads: H of q, Hkv of k, Hkv of v
         if state_in is not None:
             qkv = state_in.gated_kv(self.i, a, qkv)  # LRT: k <- g_loc k + g_fb W_fb_k m_{t-1}, same for v
-        q, k = apply_rope(qkv[:, :, :H + Hkv], *rope).split([H, Hkv], 2)  # RoPE on q and k together
+        q, k = apply_rope(qkv[:, :, :H + Hkv], *rope).split([H, Hkv], 2)
         v = qkv[:, :, H + Hkv:]
         if torch.is_grad_enabled():
             v = v.contiguous()  # else backward keeps the whole qkv storage alive through this view
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, hd)
-        if cache is not None:  # now (B, Hkv, keys, hd): every key the queries may see
+        if cache is not None:  # -> (B, Hkv, keys, hd): every key the queries may see
             k, v = cache.write(self.i, pos, k, v)
-        y = attend(q, k, v, mask, self.dropout if self.training else 0.0)
-        return self.wo(y.transpose(1, 2).reshape(B, T, -1))
-
+        return self.wo(attend(q, k, v, mask).transpose(1, 2).reshape(B, T, -1))
 
 class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
-        # W_gate and W_up stacked in one matrix (2 mlp_hidden, d): one matmul for both
-        self.w_gu = nn.Linear(config.n_embd, 2 * config.mlp_hidden, bias=False)
+        self.w_gu = nn.Linear(config.n_embd, 2 * config.mlp_hidden, bias=False)  # [W_gate; W_up]
         self.w_down = nn.Linear(config.mlp_hidden, config.n_embd, bias=False)
 
     def forward(self, x):  # SwiGLU: W_down (silu(W_gate x) * W_up x)
         gate, up = self.w_gu(x).chunk(2, dim=-1)
         return self.w_down(F.silu(gate) * up)
 
-
 class Block(nn.Module):
     def __init__(self, config, i):
         super().__init__()
         self.i = i
-        self.ln_1 = RMSNorm(config.n_embd, config.norm_eps)
-        self.attn = Attention(config, i)
-        self.ln_2 = RMSNorm(config.n_embd, config.norm_eps)
-        self.mlp = MLP(config)
-        self.drop = nn.Dropout(config.dropout)
+        self.ln_1, self.attn = RMSNorm(config.n_embd, config.norm_eps), Attention(config, i)
+        self.ln_2, self.mlp = RMSNorm(config.n_embd, config.norm_eps), MLP(config)
 
     def forward(self, x, rope, pos, mask, cache, state_in=None):
-        # state_in: the StateIn of this run of blocks, or None (the plain model)
-        if state_in is not None:
-            x = state_in.enter(self.i, x)  # T2MLR's fusion at block s, LRT's residual at blocks >= s
-        y = self.attn(self.ln_1(x), rope, pos, mask, cache, state_in)
-        x = x + (self.drop(y) if self.drop.p > 0 else y)  # no dropout call at p = 0
-        y = self.mlp(self.ln_2(x))
-        return x + (self.drop(y) if self.drop.p > 0 else y)
+        if state_in is not None:  # T2MLR's fusion at block s, LRT's residual at blocks >= s
+            x = state_in.enter(self.i, x)
+        x = x + self.attn(self.ln_1(x), rope, pos, mask, cache, state_in)
+        return x + self.mlp(self.ln_2(x))
 
 # -----------------------------------------------------------------------------
 # T2MLR: gated fusion at the input of block s (DESIGN.md 3)
 
 class T2MLRFusion(nn.Module):
     """Phi(h, R) = h + tanh(g_cur) sigmoid(f_cur([h, r])) * h + tanh(g_rec) sigmoid(f_rec([h, r])) * r,
-    r = W_rec R. g_cur = g_rec = 0 at init, so Phi is the identity: the model starts as the plain GPT."""
+    r = W_rec R. g_cur = g_rec = 0 at init: Phi is the identity, the model starts as the plain GPT."""
 
     def __init__(self, config):
         super().__init__()
         d = config.n_embd
-        self.w_rec = nn.Linear(d, d, bias=False) if config.rec_proj else None
-        self.f_cur = nn.Linear(2 * d, d, bias=True)
-        self.f_rec = nn.Linear(2 * d, d, bias=True)
-        # scalar gates, fp32 (train.py's bf16 is autocast, which leaves them fp32; .double() makes them fp64)
-        self.g_cur = nn.Parameter(torch.zeros((), dtype=torch.float32))
+        self.w_rec = nn.Linear(d, d, bias=False)
+        self.f_cur, self.f_rec = nn.Linear(2 * d, d), nn.Linear(2 * d, d)
+        self.g_cur = nn.Parameter(torch.zeros((), dtype=torch.float32))  # fp32 scalars (bf16 is autocast)
         self.g_rec = nn.Parameter(torch.zeros((), dtype=torch.float32))
 
     def forward(self, h, R):
-        # h: (B, T, d) input of block s; R: (B, T, d) the state each token reads, R_{t-1}
-        r = self.w_rec(R) if self.w_rec is not None else R
+        # h: (B, T, d) the input of block s; R: (B, T, d) the state each token reads, R_{t-1}
+        r = self.w_rec(R)
         hr = torch.cat([h, r], dim=-1)
-        wide = torch.promote_types(torch.float32, h.dtype)  # tanh in at least fp32, then the activations' dtype
+        wide = torch.promote_types(torch.float32, h.dtype)  # tanh in at least fp32
         g_cur, g_rec = (torch.tanh(g.to(wide)).to(h.dtype) for g in (self.g_cur, self.g_rec))
-        cur = g_cur * torch.sigmoid(self.f_cur(hr))  # (B, T, d) the gates tanh(g) sigmoid(f([h, r]))
-        rec = g_rec * torch.sigmoid(self.f_rec(hr))
-        return h + cur * h + rec * r
+        return h + g_cur * torch.sigmoid(self.f_cur(hr)) * h + g_rec * torch.sigmoid(self.f_rec(hr)) * r
 
-    def init_weights(self, gain, g_rec=0.0):
+    def init_weights(self, g_rec, gain=1.0):
         nn.init.constant_(self.g_rec, g_rec)  # > 0: the recurrent path open from the start (docs/recipe.md)
         for f in (self.f_cur, self.f_rec):
             nn.init.xavier_normal_(f.weight, gain=gain)
-            nn.init.zeros_(f.bias)  # sigmoid(0) = 0.5: the official S5/GSM8K recipes' gate init
+            nn.init.zeros_(f.bias)  # sigmoid(0) = 0.5, as the official recipes
         if self.w_rec is not None:
             self.w_rec.reset_parameters()  # PyTorch's default Linear init, as the official code
 
@@ -254,83 +189,57 @@ class T2MLRFusion(nn.Module):
 # LRT: the memory injected into every block >= s (DESIGN.md 4)
 
 class LRT(nn.Module):
-    """All of LRT. The memory m_{t-1} = rmsnorm(h^(e)_{t-1}) enters every reading block i >= s
-    (the j-th, j = i - s) two ways:
+    """The memory m_{t-1} = rmsnorm(h^(e)_{t-1}) enters every reading block i >= s (the j-th, j = i - s):
       residual   x <- alpha_j x + gamma_j m   at the block input
       key/value  k = g_loc W_k a + g_fb W_fb_k m,  v = g_loc W_v a + g_fb W_fb_v m, with
-                 (g_loc, g_fb) = 2 sigmoid(W_g,j a) per KV head, a the normed block input: a gated
-                 addition to the token's OWN key/value, so the cache keeps its shape.
-    W_fb = [W_fb_k; W_fb_v]: one for all reading layers (LRT-shared, the paper's default) or one
-    per layer. lrt_inject='kv' or 'residual' keeps one of the two paths."""
+                 (g_loc, g_fb) = 2 sigmoid(W_g,j a) per KV head, a the normed block input:
+                 a gated addition to the token's OWN key and value, so the cache keeps its shape."""
 
     def __init__(self, config, s):
         super().__init__()
         c, n = config, config.n_layer - s  # n reading layers
-        self.s, self.shared, self.Hkv, self.hd = s, c.lrt_shared, c.n_kv_head, c.n_embd // c.n_head
-        self.w_fb = self.gate = self.alpha = self.gamma = None
-        if c.lrt_inject != 'residual':
-            self.gate_in = c.lrt_gate_channels or c.n_embd  # the gates read the first gate_in channels (DESIGN.md 11)
-            self.w_fb = nn.ModuleList([nn.Linear(c.n_embd, 2 * c.n_kv_head * self.hd, bias=False)
-                                       for _ in range(1 if c.lrt_shared else n)])
-            self.gate = nn.ModuleList([nn.Linear(self.gate_in, 2 * c.n_kv_head, bias=False) for _ in range(n)])
-        if c.lrt_inject != 'kv':
-            self.alpha = nn.Parameter(torch.ones(n))
-            self.gamma = nn.Parameter(torch.full((n,), 0.0 if c.lrt_identity_init else 0.1))
+        self.shared, self.Hkv, self.hd = c.lrt_shared, c.n_kv_head, c.n_embd // c.n_head
+        self.w_fb = nn.ModuleList([nn.Linear(c.n_embd, 2 * c.n_kv_head * self.hd, bias=False)  # [W_fb_k; W_fb_v]
+                                   for _ in range(1 if c.lrt_shared else n)])
+        self.gate = nn.ModuleList([nn.Linear(c.n_embd, 2 * c.n_kv_head, bias=False) for _ in range(n)])
+        self.alpha = nn.Parameter(torch.ones(n))
+        self.gamma = nn.Parameter(torch.full((n,), 0.1))
 
-    def init_weights(self, identity):  # the gates start at 2 sigmoid(0) = 1; identity: W_fb = 0 too
-        for lin in list(self.gate or []) + (list(self.w_fb or []) if identity else []):
+    def init_weights(self):  # the gates start at 2 sigmoid(0) = 1
+        for lin in self.gate:
             nn.init.zeros_(lin.weight)
 
-    def project(self, j, m):
-        # m (B, T, d) -> (W_fb_k m, W_fb_v m) of reading layer j, stacked: (B, T, 2, Hkv, hd), one matmul
+    def project(self, j, m):  # m (B, T, d) -> (W_fb_k m, W_fb_v m) of reading layer j: (B, T, 2, Hkv, hd)
         return self.w_fb[0 if self.shared else j](m).view(*m.shape[:2], 2, self.Hkv, self.hd)
 
-    def residual(self, j, x, m, on):
-        # reading layer j's block input: x <- alpha_j x + gamma_j m where the recurrence is on
-        return x if self.alpha is None else where_on(on, self.alpha[j] * x + self.gamma[j] * m, x)
+    def residual(self, j, x, m):
+        return self.alpha[j] * x + self.gamma[j] * m
 
-    def gated_kv(self, j, a, qkv, m, mem_kv, on):
-        # a: (B, T, d) the normed block input; qkv: (B, T, H + 2 Hkv, hd), its last 2 Hkv heads the
-        # keys and values; mem_kv: LRT-shared's W_fb m (B, T, 2, Hkv, hd), else None (project here)
-        if self.gate is None:
-            return qkv
+    def gated_kv(self, j, a, qkv, m, mem_kv):
+        # qkv: (B, T, H + 2 Hkv, hd), the last 2 Hkv heads k and v; mem_kv: LRT-shared's W_fb m, once for all layers
         B, T, Hkv = a.size(0), a.size(1), self.Hkv
-        g = 2 * torch.sigmoid(self.gate[j](a[..., :self.gate_in])).view(B, T, 2, Hkv, 1)  # (g_loc, g_fb)
-        mem_kv = mem_kv if self.shared else self.project(j, m)  # (W_fb_k m, W_fb_v m)
-        kv = qkv[:, :, -2 * Hkv:].unflatten(2, (2, Hkv))  # k and v gated together, by the same gates
-        kv = where_on(on, g[:, :, :1] * kv + g[:, :, 1:] * mem_kv, kv)
-        return torch.cat([qkv[:, :, :-2 * Hkv], kv.flatten(2, 3)], 2)
-
-# -----------------------------------------------------------------------------
-# what a run of blocks reads from the recurrence
+        g = 2 * torch.sigmoid(self.gate[j](a)).view(B, T, 2, Hkv, 1)  # (g_loc, g_fb)
+        mem_kv = mem_kv if self.shared else self.project(j, m)
+        kv = qkv[:, :, -2 * Hkv:].unflatten(2, (2, Hkv))  # k and v, gated together by the same gates
+        return torch.cat([qkv[:, :, :-2 * Hkv], (g[:, :, :1] * kv + g[:, :, 1:] * mem_kv).flatten(2, 3)], 2)
 
 class StateIn:
-    """The state a run of blocks reads, built once per pass and handed to every block:
-      state   (B, T, d) what each token reads: R_{t-1} (T2MLR) or m_{t-1} (LRT)
-      on      (B, T, 1) bool, where the recurrence is on (None: everywhere). Off, a token runs as
-              the plain model although it has a state (T2MLR's prompt in fine-tuning).
-      mem_kv  LRT-shared's (W_fb_k m, W_fb_v m), (B, T, 2, Hkv, hd): one projection for every layer.
-    Block i calls enter(i, x) on its input and Attention gated_kv(i, a, qkv) on its keys/values."""
+    """What a run of blocks reads from the recurrence, built once a pass: state (B, T, d), the R_{t-1}
+    (T2MLR) or m_{t-1} (LRT) of each token. Block i calls enter(i, x), its attention gated_kv(i, a, qkv)."""
 
-    def __init__(self, model, state, rec_mask=None):
+    def __init__(self, model, state):
         self.s, self.fusion, self.lrt, self.state = model.s, model.fusion, model.lrt, state
-        self.on = None if rec_mask is None else rec_mask.unsqueeze(-1)
-        shared = self.lrt is not None and self.lrt.w_fb is not None and self.lrt.shared
-        self.mem_kv = self.lrt.project(0, state) if shared else None
+        self.mem_kv = self.lrt.project(0, state) if self.lrt is not None and self.lrt.shared else None
 
     def enter(self, i, x):
-        # T2MLR: x <- Phi(x, R) at the input of block s (DESIGN.md 3); LRT: x <- alpha x + gamma m
-        # at every block >= s (DESIGN.md 4)
         if i == self.s and self.fusion is not None:
-            return where_on(self.on, self.fusion(x, self.state), x)
+            return self.fusion(x, self.state)  # T2MLR: x <- Phi(x, R) at block s
         if i >= self.s and self.lrt is not None:
-            return self.lrt.residual(i - self.s, x, self.state, self.on)
+            return self.lrt.residual(i - self.s, x, self.state)  # LRT: x <- alpha x + gamma m
         return x
 
-    def gated_kv(self, i, a, qkv):  # LRT: k <- g_loc k + g_fb W_fb_k m_{t-1}, the same for v (DESIGN.md 4)
-        if i < self.s or self.lrt is None:
-            return qkv
-        return self.lrt.gated_kv(i - self.s, a, qkv, self.state, self.mem_kv, self.on)
+    def gated_kv(self, i, a, qkv):
+        return qkv if i < self.s or self.lrt is None else self.lrt.gated_kv(i - self.s, a, qkv, self.state, self.mem_kv)
 
 # -----------------------------------------------------------------------------
 # the model
@@ -342,10 +251,9 @@ class GPT(nn.Module):
         config.validate()
         self.config = c = config
         self.rec = c.recurrence
-        # the segments (module docstring); with no recurrence everything is "below" (s = e + 1 = L)
+        # the segments; with no recurrence everything is "below" (s = e + 1 = L)
         self.s, self.e = (c.rec_start, c.rec_end) if self.rec != 'none' else (c.n_layer, c.n_layer - 1)
         self.wte = nn.Embedding(c.padded_vocab, c.n_embd)
-        self.drop = nn.Dropout(c.dropout)
         self.h = nn.ModuleList([Block(c, i) for i in range(c.n_layer)])
         self.ln_f = RMSNorm(c.n_embd, c.norm_eps)
         self.lm_head = nn.Linear(c.n_embd, c.padded_vocab, bias=False)
@@ -354,35 +262,27 @@ class GPT(nn.Module):
         self.fusion = T2MLRFusion(c) if self.rec == 't2mlr' else None
         self.lrt = LRT(c, self.s) if self.rec == 'lrt' else None
         cos, sin = rope_tables(c.n_embd // c.n_head, c.block_size, c.rope_theta)
-        if not c.rope:  # NoPE: rotate by angle 0 (cos 1, sin 0), so apply_rope is the identity, exactly
-            cos, sin = torch.ones_like(cos), torch.zeros_like(sin)
         self.register_buffer('rope_cos', cos, persistent=False)
         self.register_buffer('rope_sin', sin, persistent=False)
         self._init_weights()
 
     def _init_weights(self):
-        c = self.config
         for name, p in self.named_parameters():
-            if name.endswith('w_down.weight') or name.endswith('attn.wo.weight'):
-                nn.init.normal_(p, std=0.02 / math.sqrt(2 * c.n_layer))  # GPT-2 residual scaling
+            if name.endswith(('w_down.weight', 'attn.wo.weight')):
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * self.config.n_layer))  # GPT-2's residual scaling
             elif p.dim() == 2:
                 nn.init.normal_(p, std=0.02)
         if self.fusion is not None:
-            self.fusion.init_weights(c.rec_gate_gain, c.rec_gate_init)
+            self.fusion.init_weights(self.config.rec_gate_init)
         if self.lrt is not None:
-            self.lrt.init_weights(c.lrt_identity_init)
+            self.lrt.init_weights()
 
     is_rec_param = staticmethod(lambda name: name.startswith(('fusion.', 'lrt.')))  # the recurrence's own
 
-    # ------------------------------------------------------------------
-    # the primitive: run blocks a..b at positions pos
-
     def run_blocks(self, x, a, b, pos, state_in=None, cache=None):
-        """x: (B, T, d), the stream at the input of block a, of the tokens at positions pos (a
-        range: 0..T-1, one token range(t, t + 1), or a strided subset). state_in: the
-        StateIn each token reads (the state, where the recurrence is on, LRT's projection); None
-        runs the plain model. cache: a KVCache to write into and attend over (None: tokens 0..T-1
-        among themselves)."""
+        """The primitive: blocks a..b for x (B, T, d), the tokens at positions pos (a range: 0..T-1, one
+        token, or a strided subset), each reading state_in (None: the plain model), over the KVCache
+        cache (None: the tokens among themselves)."""
         if a > b:
             return x
         rope, mask = self.rope_and_mask(pos, cache)
@@ -390,321 +290,249 @@ class GPT(nn.Module):
             x = self.h[i](x, rope, pos, mask, cache, state_in)
         return x
 
-    def state_input(self, state, rec_mask=None):  # the StateIn of a pass from the states its tokens read (B, T, d)
-        return StateIn(self, state, rec_mask)
+    def state_input(self, state):
+        return StateIn(self, state)
 
-    def rope_and_mask(self, pos, cache):
-        """The RoPE rows of the tokens at pos, and the attention mask: None where attention is
-        causal among the tokens (or one query sees the whole prefix), else (T, keys) causal_mask.
-        pos a (1,) tensor (engine.py's compiled step): the mask covers the cache's whole buffer."""
-        W = self.config.attn_window
-        if torch.is_tensor(pos):  # no shape or guard depends on the position
-            rope = (self.rope_cos.index_select(0, pos)[:, None], self.rope_sin.index_select(0, pos)[:, None])
-            return rope, causal_mask(pos, torch.arange(cache.max_len, device=pos.device), W)
-        rope = (self.rope_cos[pos.start:pos.stop:pos.step, None], self.rope_sin[pos.start:pos.stop:pos.step, None])
-        strided = cache is not None and len(pos) > 1 and not (pos.start == 0 and pos.step == 1)
-        if (W == 0 or pos[-1] < W) and not strided:  # the window cuts no key before position W
-            return rope, None
-        kpos = torch.arange(pos[-1] + 1, device=self.rope_cos.device)
-        qpos = torch.arange(pos.start, pos.stop, pos.step, device=kpos.device)
-        return rope, causal_mask(qpos, kpos, W)
+    def next_state(self, h, state):
+        """The state a token hands on, from h = h^(e)_t and the state it read (B, T, d); None: it ran plain."""
+        if self.rec == 'lrt':
+            return F.rms_norm(h, (h.size(-1),), eps=self.config.norm_eps)  # m_t = rmsnorm(h^(e)_t), no weight
+        if state is None:
+            return h  # T2MLR: a plain token hands on its raw h^(e)_t (the official code's first guess)
+        m = h + state  # m_t = h^(e)_t + R_{t-1};  R_t = m_t * clamp(1 / rms(m_t), 1/5, 5), the scale a constant
+        return m * torch.rsqrt(m.detach().pow(2).mean(-1, keepdim=True) + 1e-6).clamp(0.2, 5.0)
 
-    def next_state(self, h, state, rec_mask=None):
-        """The state a token hands on to the next, from h = h^(e)_t and the state it read (B, T, d).
-        A T2MLR token that ran as the plain model (rec_mask False) hands on its raw h^(e)_t (the official code)."""
-        if self.rec == 't2mlr':
-            # m_t = h^(e)_t + R_{t-1};  R_t = m_t * clamp(1/rms(m_t), 1/5, 5), the scale under detach
-            # (the bounds are rec_scale_min/max: at the lower one the state's RMS exceeds 1)
-            detach = state is not None and self.config.rec_residual_detach  # the official S5, GSM8K recipes
-            R = state.detach() if detach else state  # (no gradient through the residual)
-            m = h + R if (self.config.rec_residual and R is not None) else h
-            scale = torch.rsqrt(m.detach().pow(2).mean(-1, keepdim=True) + 1e-6)
-            scale = scale.clamp(self.config.rec_scale_min, self.config.rec_scale_max)
-            return where_on(None if rec_mask is None else rec_mask.unsqueeze(-1), m * scale, h)
-        # LRT: m_t = rmsnorm(h^(e)_t), no weight, at every position
-        return F.rms_norm(h, (h.size(-1),), eps=self.config.norm_eps)
+    def shift_states(self, states, idx):  # the states tokens 0..T-1 hand on -> the ones they read: [0, X_0, .., X_{T-2}]
+        return self.reset(F.pad(states[:, :-1], (0, 0, 1, 0)), idx)
 
-    def shift_states(self, states, idx, rec_mask=None):
-        """states: (B, T, d) handed on by tokens 0..T-1 -> (B, T, d) read by tokens 0..T-1:
-        shift(X)[:, t] = X[:, t-1], zero at t = 0 and at document starts (reset token)."""
-        return self._reset(F.pad(states[:, :-1], (0, 0, 1, 0)), idx, rec_mask)
+    def reset(self, state, idx):  # a document's first token (reset_token) reads 0
+        if self.config.reset_token is None:
+            return state
+        return state * (idx != self.config.reset_token).unsqueeze(-1).to(state.dtype)
 
-    def _reset(self, state, idx, rec_mask=None):
-        # zero the state read at document starts, and where the recurrence is off
-        if self.config.reset_token is not None:
-            state = state * (idx != self.config.reset_token).unsqueeze(-1).to(state.dtype)
-        if rec_mask is not None:
-            state = state * rec_mask.unsqueeze(-1).to(state.dtype)
-        return state
+    def below(self, idx, cache=None):  # blocks 0..s-1: once, in parallel
+        return self.run_blocks(self.wte(idx), 0, self.s - 1, range(idx.size(1)), None, cache)
 
-    def _below(self, idx, cache=None):  # blocks 0..s-1 never read the state: once, in parallel
-        return self.run_blocks(self.drop(self.wte(idx)), 0, self.s - 1, range(idx.size(1)), None, cache)
+    def span(self, x, state_in, cache=None):  # blocks s..e over the whole sequence
+        return self.run_blocks(x, self.s, self.e, range(x.size(1)), state_in, cache)
 
-    def _span(self, x, state_in, cache=None, recompute=False):
-        # blocks s..e over the whole sequence, reading state_in; recompute: keep only the inputs, rerun in backward
-        run = lambda x: self.run_blocks(x, self.s, self.e, range(x.size(1)), state_in, cache)
-        return checkpoint(run, x, use_reentrant=False) if recompute and torch.is_grad_enabled() else run(x)
+    def above(self, h, state_in, cache, targets):  # blocks e+1..L-1 and the head -> (logits, loss)
+        return self.head(self.run_blocks(h, self.e + 1, self.config.n_layer - 1, range(h.size(1)), state_in, cache), targets)
 
-    def _above(self, h, state_in, cache, targets):  # blocks e+1..L-1 and the head -> (logits, loss)
-        x = self.run_blocks(h, self.e + 1, self.config.n_layer - 1, range(h.size(1)), state_in, cache)
-        return self._logits_loss(x, targets)
-
-    def _logits_loss(self, x, targets):  # the padded vocabulary rows: never sampled, never in the loss
+    def head(self, x, targets):  # the padded vocabulary rows: never sampled, never in the loss
         logits = self.lm_head(self.ln_f(x))[..., :self.config.vocab_size]
         return logits, (None if targets is None else ce_loss(logits, targets))
 
     # ------------------------------------------------------------------
-    # forward passes: the three training schemes and the exact recurrence. Each one returns
-    # (logits (B, T, V), loss, the state each token hands on (B, T, d))
+    # the forward modes; each scheme returns (logits (B, T, V), loss, the states handed on (B, T, d))
 
-    def forward(self, idx, targets=None, mode='exact', n_iter=8, n_grad=4, n_subsets=2, rec_mask=None, n_rounds=1,
-                recompute=False, block_len=1):
-        """idx, targets: (B, T) token ids (targets -1 = no loss). Returns (logits (B, T, V), loss).
-        mode: 'plain'        the backbone alone, recurrence bypassed
-              'exact'        the exact sequential recurrence (what generation computes)
-              'jacobi'       Jacobi iterations (D = n_iter, gradient through the last n_grad)
-              'interleaved'  n_subsets strided subsets refined in order, n_rounds times
-              'block'        chunks of block_len tokens in order, the state crossing chunk boundaries only
-              'zero'         every position reads an all-zero state (one chunk of T tokens)
-        rec_mask: optional (B, T) bool, where the recurrence is on (default: everywhere).
-        recompute: activation checkpointing of the passes that keep a graph (recomputed in backward).
-        With recurrence='none' every mode is the plain parallel forward."""
+    def forward(self, idx, targets=None, mode='exact', n_iter=8, n_grad=4, n_subsets=2):
+        """idx, targets: (B, T) token ids (target -1: no loss) -> (logits (B, T, V), loss). mode: 'exact'
+        (what generation computes), 'jacobi' (D = n_iter, B = n_grad), 'interleaved' (S = n_subsets),
+        'zero' (every token reads a zero state) or 'plain' (the backbone alone)."""
         T = idx.size(1)
-        if T > self.config.block_size:
-            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
-        check_scheme(mode, n_iter, n_grad, n_subsets, n_rounds, T, block_len)
+        check_scheme(self.config, mode, n_iter, n_grad, n_subsets, T)
         if self.rec == 'none' or mode == 'plain':
-            return self._logits_loss(self.run_blocks(self.drop(self.wte(idx)), 0, self.config.n_layer - 1, range(T)), targets)
-        if mode in ('exact', 'zero', 'block'):
-            out = self._sequential(idx, targets, {'exact': 1, 'zero': T, 'block': block_len}[mode], None, rec_mask)
-        elif mode == 'jacobi':
-            out = self._jacobi(idx, targets, n_iter, n_grad, rec_mask, recompute)
-        else:
-            out = self._interleaved(idx, targets, n_subsets, n_rounds, rec_mask, recompute)
-        return out[:2]
+            return self.head(self.run_blocks(self.wte(idx), 0, self.config.n_layer - 1, range(T)), targets)
+        if mode == 'zero':
+            x = self.below(idx)
+            state_in = self.state_input(torch.zeros_like(x))
+            return self.above(self.span(x, state_in), state_in, None, targets)
+        if mode == 'exact':
+            return self.exact(idx, targets)[:2]
+        if mode == 'jacobi':
+            return self.jacobi(idx, targets, n_iter, n_grad)[:2]
+        return self.interleaved(idx, targets, n_subsets)[:2]
 
-    def _sequential(self, idx, targets=None, C=1, cache=None, rec_mask=None):
-        """The span run in order, C tokens at a time, each chunk's first token reading the state
-        the token before handed on, the others 0. C = 1: the exact recurrence (DESIGN.md 5), token
-        t reads the state token t-1 handed on. C > 1: block training (DESIGN.md 7; the LRT paper's
-        baseline). C = T: no state at all (mode 'zero': loss(zero) - loss(exact) is what it carries).
-        Below and above the span run in parallel."""
-        cache = KVCache(self.config.n_layer, idx.size(1)) if cache is None else cache
-        h, read, new = self._span_in_order(self._below(idx, cache), idx, C, cache, rec_mask)
-        return *self._above(h, self.state_input(read, rec_mask), cache, targets), new
+    def span_step(self, x, idx, pos, state, cache):
+        """One token through the span: x (B, 1, d) its input to block s, state (B, 1, d) what token t-1
+        handed on -> (h^(e), the state read, the state handed on)."""
+        read = self.reset(state, idx)
+        h = self.run_blocks(x, self.s, self.e, pos, self.state_input(read), cache)
+        return h, read, self.next_state(h, read)
 
-    def _span_in_order(self, x, idx, C, cache, rec_mask=None):
-        # the span over x (B, T, d), C tokens at a time -> (h^(e), the states read, the states handed on), each (B, T, d)
-        T, state, outs = idx.size(1), x.new_zeros(x.size(0), 1, self.config.n_embd), []  # R_{-1} = 0
-        for t in range(0, T, C):
-            u = min(t + C, T)
-            st = state if u - t == 1 else F.pad(state, (0, 0, 0, u - t - 1))  # (B, u - t, d): 0 after the first
-            outs.append(self.span_step(x[:, t:u], idx[:, t:u], range(t, u), st, cache,
-                                       None if rec_mask is None else rec_mask[:, t:u]))
-            state = outs[-1][2][:, -1:]
-        return tuple(torch.cat(z, 1) for z in zip(*outs))
+    def exact(self, idx, targets=None, cache=None, step=None):
+        """The exact recurrence (DESIGN.md 5): below the span in parallel; token by token through the
+        span, token t reading the state token t-1 handed on (R_{-1} = 0); above in parallel.
+        step: engine.py's compiled span_step."""
+        (B, T), step = idx.shape, step or self.span_step
+        cache = KVCache(self.config.n_layer, T) if cache is None else cache
+        x = self.below(idx, cache)
+        state, outs = x.new_zeros(B, 1, self.config.n_embd), []
+        for t in range(T):
+            outs.append(step(x[:, t:t + 1], idx[:, t:t + 1], range(t, t + 1), state, cache))
+            state = outs[-1][2]
+        h, read, states = (torch.cat(z, 1) for z in zip(*outs))  # each (B, T, d)
+        return *self.above(h, self.state_input(read), cache, targets), states
 
-    def span_step(self, x, idx, pos, state, cache, rec_mask=None):
-        """One token through the span: x (B, 1, d) its input to block s, idx (B, 1) the token, state
-        (B, 1, d) what the token before handed on. -> (h^(e), the state read, the state handed on).
-        (A chunk: n tokens at once, x, idx, state (B, n, ...), the states each one reads.)"""
-        read = self._reset(state, idx, rec_mask)
-        h = self.run_blocks(x, self.s, self.e, pos, self.state_input(read, rec_mask), cache)
-        return h, read, self.next_state(h, read, rec_mask)
-
-    def _jacobi(self, idx, targets, n_iter, n_grad, rec_mask=None, recompute=False):
-        """Jacobi fixed-point iterations over the span (DESIGN.md 6), as the official code runs them
-        (D = n_iter): 1. a first guess of the states read (_jacobi_guess); 2. D-1 iterations, the
-        last n_grad with gradient; 3. a final pass, the span and the layers above. Exact after it:
-        positions 0..D-1 (jacobi_init 'plain'), 0..D ('zero'), all ('exact')."""
+    def jacobi(self, idx, targets, n_iter, n_grad):
+        """Jacobi fixed-point iterations over the span (DESIGN.md 6), D = n_iter, B = n_grad: a first guess
+        of the states read, D-1 iterations, the last B with gradient, a final pass with the layers above.
+        Exact at positions 0..D-1 ('plain' guess) or everywhere ('exact' guess: the exact loop, no gradient)."""
         D, grad = n_iter, torch.is_grad_enabled()
-        x = self._below(idx)
-        with torch.set_grad_enabled(grad and n_grad >= D):  # with gradient only when every pass has it
-            state = self._jacobi_guess(x, idx, rec_mask, None, recompute)
-        # iteration d has D-1-d left and carries gradient when that is <= n_grad. From the exact
-        # states ('exact') the ones without gradient would change nothing: skipped
-        first = max(0, D - 1 - (n_grad if grad else 0)) if self.config.jacobi_init == 'exact' else 0
-        for d in range(first, D - 1):
+        x = self.below(idx)
+        if self.config.jacobi_init == 'exact':  # then only the iterations with gradient: the rest change nothing
+            with torch.inference_mode():
+                state = self.shift_states(self.exact(idx)[2], idx)
+            state = state.clone()  # a normal tensor, for autograd
+            first = max(0, D - 1 - (n_grad if grad else 0))
+        else:  # 'plain': the span without the state, each token handing on its raw h^(e)
+            with torch.set_grad_enabled(grad and n_grad >= D):
+                state = self.shift_states(self.next_state(self.span(x, None), None), idx)
+            first = 0
+        for d in range(first, D - 1):  # iteration d has D-1-d after it: with gradient when that is <= B
             with torch.set_grad_enabled(grad and D - 1 - d <= n_grad):
-                state = self._jacobi_step(x, idx, state, rec_mask, None, recompute)
-        return self._jacobi_final(x, idx, state, targets, rec_mask, None, recompute)
+                state = self.shift_states(self.next_state(self.span(x, self.state_input(state)), state), idx)
+        state_in = self.state_input(state)
+        h = self.span(x, state_in)
+        return *self.above(h, state_in, None, targets), self.next_state(h, state)
 
-    def _jacobi_guess(self, x, idx, rec_mask=None, cache=None, recompute=False):
-        """Jacobi's first guess of the states read, (B, T, d), from x the input of block s:
-        'plain' (official): the span without the state, each token handing on its raw h^(e);
-        'zero': one iteration from the zero state; 'exact': the exact loop itself, without gradient."""
-        if self.config.jacobi_init == 'exact':  # the states the exact loop reads; no layer above it, no head
-            with torch.inference_mode():  # (no autograd bookkeeping at all; clone() makes a normal tensor)
-                state = self._span_in_order(x, idx, 1, KVCache(self.config.n_layer, idx.size(1)), rec_mask)[1]
-            return state.clone()
-        if self.config.jacobi_init == 'zero':
-            return self._jacobi_step(x, idx, torch.zeros_like(x), rec_mask, cache, recompute)
-        plain = torch.zeros(idx.shape, dtype=torch.bool, device=idx.device)  # no token reads a state
-        return self.shift_states(self.next_state(self._span(x, None, cache), None, plain), idx, rec_mask)
-
-    def _jacobi_step(self, x, idx, state, rec_mask=None, cache=None, recompute=False):
-        # one iteration: every token runs the span reading its guess (B, T, d) -> the next guess
-        h = self._span(x, self.state_input(state, rec_mask), cache, recompute)
-        return self.shift_states(self.next_state(h, state, rec_mask), idx, rec_mask)
-
-    def _jacobi_final(self, x, idx, state, targets, rec_mask=None, cache=None, recompute=False):
-        # the final pass: the span and the layers above, reading the last guess (one StateIn for both)
-        state_in = self.state_input(state, rec_mask)
-        h = self._span(x, state_in, cache, recompute)
-        return *self._above(h, state_in, cache, targets), self.next_state(h, state, rec_mask)
-
-    def _interleaved(self, idx, targets, n_subsets=2, n_rounds=1, rec_mask=None, recompute=False):
-        """Interleaved subset refinement (DESIGN.md 7), subset i = positions t % S == i, refined R =
-        n_rounds times over (R > 1: our extension for deep chains; S = 1: the official multi-refine).
-        Exact: the first max(R*S, R+1) positions. Logits: each position's from the last pass that
-        refined it; loss: the mean of the 1 + R*S pass losses."""
-        (B, T), S = idx.shape, n_subsets
-        run = self._refine if not (recompute and torch.is_grad_enabled()) else \
-            lambda *args: checkpoint(self._refine, *args, use_reentrant=False)  # recomputed in backward
-        xs = self._below(idx)
-        # 1. init pass with zero memory; keep its keys/values and the states it hands on
-        zero = torch.zeros_like(xs)
-        h, out, kv = run(xs, zero, range(T), rec_mask, None)
-        states = self.next_state(h, zero, rec_mask)  # (B, T, d) the latest state handed on by each token
-        logits, loss0 = self._logits_loss(out, targets)
-        logits, losses = torch.empty_like(logits), [loss0]
-        # 2. refine the subsets in order, R times over; each sees the states refined before it
-        for _ in range(n_rounds):
-            for i in range(S):
-                mask = None if rec_mask is None else rec_mask[:, i::S]
-                st = self.shift_states(states, idx, rec_mask)[:, i::S]  # memory shift(h_latest) at subset i
-                h, out, kv = run(xs[:, i::S], st, range(i, T, S), mask, kv)
-                states = states.slice_scatter(self.next_state(h, st, mask), dim=1, start=i, end=T, step=S)
-                logits[:, i::S], loss_i = self._logits_loss(out, None if targets is None else targets[:, i::S])
-                losses.append(loss_i)  # (a later round overwrites an earlier one's logits)
-        return logits, None if targets is None else sum(losses) / len(losses), states  # 3. the mean of the pass losses
-
-    def _refine(self, x, state, P, rec_mask, kv):
-        """Blocks s..L-1 for the tokens at positions P, reading states state, over the keys/values
-        kv = (k, v) of blocks s..L-1 the passes before left (None: the init pass). -> (h^(e), the
-        output, the keys/values after): a pure function, so that checkpointing can recompute it."""
-        L = self.config.n_layer
-        buf = KVCache(L, P.stop)  # P.stop = T for every subset
-        if kv is not None:
-            buf.k[self.s:], buf.v[self.s:] = kv
-        state_in = self.state_input(state, rec_mask)
-        h = self.run_blocks(x, self.s, self.e, P, state_in, buf)
-        return h, self.run_blocks(h, self.e + 1, L - 1, P, state_in, buf), (buf.k[self.s:], buf.v[self.s:])
+    def interleaved(self, idx, targets, n_subsets):
+        """Interleaved subset refinement (DESIGN.md 7), S = n_subsets, subset i = the positions t % S == i:
+        a pass with zero memory fills a key/value buffer, then the subsets in order, each reading the states
+        refined before it and writing its keys and values into the buffer. Exact at positions 0..S-1 (S = T:
+        everywhere). Logits: each position's last pass; loss: the mean of the S + 1 passes."""
+        (B, T), S, L = idx.shape, n_subsets, self.config.n_layer
+        x, buf = self.below(idx), KVCache(L, T)
+        zero = self.state_input(torch.zeros_like(x))
+        h = self.run_blocks(x, self.s, self.e, range(T), zero, buf)
+        states = self.next_state(h, zero.state)  # (B, T, d) the latest state each token hands on
+        logits, loss = self.head(self.run_blocks(h, self.e + 1, L - 1, range(T), zero, buf), targets)
+        logits, losses = torch.empty_like(logits), [loss]
+        for i in range(S):
+            P, st = range(i, T, S), self.shift_states(states, idx)[:, i::S]  # the memory at subset i
+            state_in = self.state_input(st)
+            h = self.run_blocks(x[:, i::S], self.s, self.e, P, state_in, buf)
+            states = states.slice_scatter(self.next_state(h, st), dim=1, start=i, end=T, step=S)
+            out = self.run_blocks(h, self.e + 1, L - 1, P, state_in, buf)
+            logits[:, i::S], loss = self.head(out, None if targets is None else targets[:, i::S])
+            losses.append(loss)
+        return logits, None if targets is None else sum(losses) / len(losses), states
 
     # ------------------------------------------------------------------
-    # generation: KV cache + one state vector per sequence, one pass per token
+    # generation: the KV cache and one state vector per sequence, one forward pass per token
 
     @torch.no_grad()
-    def prefill(self, idx, cache, mode='exact', n_iter=8, tol=None):
-        """A prompt into the cache -> (logits (B, T, V), the state the next token reads (B, d), span
-        passes). mode: 'exact'; 'jacobi' (D = n_iter; with tol, until no state moves by more than
-        tol, at most T iterations: exact by construction); 'plain' (no recurrence in the prompt)."""
-        B, T = idx.shape
+    def prefill(self, idx, cache, mode='exact', n_iter=8):
+        """A prompt (B, T) into the cache by the exact recurrence -> (logits (B, T, V), the state the next
+        token reads (B, d), span passes). (mode, n_iter: lab/model_full.py's Jacobi and plain prefills.)"""
+        if mode != 'exact':
+            raise ValueError(f"unknown prefill mode {mode!r}: this model prefills 'exact' (lab/model_full.py: 'jacobi', 'plain')")
         if self.rec == 'none':
-            return self._logits_loss(self.run_blocks(self.wte(idx), 0, self.config.n_layer - 1, range(T), None, cache), None)[0], None, 0
-        if mode == 'exact':
-            logits, _, states = self._sequential(idx, None, 1, cache)
-            return logits, states[:, -1].contiguous(), T  # (B, d) laid out as decode_step's (a compiled step guards strides)
-        if mode == 'plain':
-            h = self.run_blocks(self.wte(idx), 0, self.e, range(T), None, cache)
-            plain = torch.zeros(B, 1, dtype=torch.bool, device=idx.device)
-            state = self.next_state(h[:, -1:], None, plain)[:, 0]  # a plain token hands on its raw h^(e) (T2MLR)
-            return self._above(h, None, cache, None)[0], state, 0
-        if mode != 'jacobi':
-            raise ValueError(f"unknown prefill mode {mode!r}; expected 'exact', 'jacobi' or 'plain'")
-        x = self._below(idx, cache)
-        state, passes = self._jacobi_guess(x, idx, None, cache), 2  # the guess and the final pass
-        for _ in range(0 if self.config.jacobi_init == 'exact' else (T if tol is not None else n_iter) - 1):
-            new = self._jacobi_step(x, idx, state, None, cache)
-            converged = tol is not None and (new - state).abs().max().item() <= tol
-            state, passes = new, passes + 1
-            if converged:  # a fixed point: more iterations change nothing
-                break
-        # the state of the last prompt token from the final pass (one refinement beyond the
-        # official code, which seeds decoding from its last iteration)
-        logits, _, states = self._jacobi_final(x, idx, state, None, None, cache)
-        return logits, states[:, -1].contiguous(), passes
+            return self.head(self.run_blocks(self.wte(idx), 0, self.config.n_layer - 1, range(idx.size(1)), None, cache), None)[0], None, 0
+        logits, _, states = self.exact(idx, None, cache)
+        return logits, states[:, -1].contiguous(), idx.size(1)  # (B, d) laid out as decode_step's
 
     @torch.no_grad()
     def decode_step(self, tok, pos, state, cache):
-        """One forward pass for one new token per sequence. tok: (B, 1) at position t, pos =
-        range(t, t + 1) (or the (1,) tensor [t]: engine.py); state: (B, d) from token t-1.
-        -> (logits (B, 1, V), new state (B, d))."""
-        check_decode_step(self.config, tok, pos, state, cache)
+        """One forward pass for one new token a row: tok (B, 1) at position t, pos = range(t, t + 1) (or
+        engine.py's (1,) tensor), state (B, d) from token t-1 -> (logits (B, 1, V), the new state (B, d))."""
         x = self.wte(tok)
         if self.rec == 'none':
-            return self._logits_loss(self.run_blocks(x, 0, self.config.n_layer - 1, pos, None, cache), None)[0], None
-        read = self._reset(state[:, None], tok)
-        state_in = self.state_input(read)  # once per token, for every layer
+            return self.head(self.run_blocks(x, 0, self.config.n_layer - 1, pos, None, cache), None)[0], None
+        read = self.reset(state[:, None], tok)
+        state_in = self.state_input(read)  # once a token, for every layer
         h = self.run_blocks(x, 0, self.e, pos, state_in, cache)
         x = self.run_blocks(h, self.e + 1, self.config.n_layer - 1, pos, state_in, cache)
-        return self._logits_loss(x, None)[0], self.next_state(h, read)[:, 0]
+        return self.head(x, None)[0], self.next_state(h, read)[:, 0]
+
+    def new_cache(self, B, max_len):
+        return KVCache(self.config.n_layer, max_len)
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, prefill='exact', prefill_iters=8,
-                 return_logits=False, generator=None, stop_token=None, on_token=None, prefill_tol=None):
-        """idx: (B, T0) prompts -> (B, T0 + max_new_tokens) tokens (return_logits: and the logits
-        of every next token). One forward pass per new token after the prefill. temperature 0 =
-        greedy; on_token(tokens so far) after each token; stop_token: stop once every row made it.
-        (engine.Engine.generate: the same loop over engine.py's compiled steps.)"""
-        check_generate(self.config, idx, max_new_tokens, temperature, top_k, prefill, prefill_iters, prefill_tol)
-        B, T0 = idx.shape
-        cache = KVCache(self.config.n_layer, T0 + max_new_tokens)
-        logits, state, _ = self.prefill(idx, cache, prefill, prefill_iters, prefill_tol)
+                 return_logits=False, generator=None, stop_token=None, on_token=None, runner=None):
+        """idx: (B, T0) prompts -> (B, T0 + max_new_tokens) tokens (return_logits: and each next token's
+        logits): a prefill, then one forward pass per new token. temperature 0 = greedy; on_token(tokens)
+        after each; stop_token: stop once every row made it. runner: whose new_cache, prefill and
+        decode_step run (engine.Engine: compiled), default this model's."""
+        check_generate(self.config, idx, max_new_tokens, temperature, top_k)
+        run, (B, T0) = runner or self, idx.shape
+        cache = run.new_cache(B, T0 + max_new_tokens)
+        logits, state, _ = run.prefill(idx, cache, prefill, prefill_iters)
         all_logits, out, done = [logits], [idx], torch.zeros(B, 1, dtype=torch.bool, device=idx.device)
         for step in range(max_new_tokens):
-            tok = sample(logits[:, -1], temperature, top_k, generator)  # (B, 1)
-            out.append(tok)
+            out.append(sample(logits[:, -1], temperature, top_k, generator))  # (B, 1)
             if on_token is not None:
                 on_token(torch.cat(out, 1))
-            if stop_token is not None:
-                done |= tok == stop_token
-                if done.all():
-                    break
+            done |= out[-1] == (-1 if stop_token is None else stop_token)
+            if done.all():
+                break
             if step < max_new_tokens - 1:
-                logits, state = self.decode_step(tok, range(T0 + step, T0 + step + 1), state, cache)
+                logits, state = run.decode_step(out[-1], range(T0 + step, T0 + step + 1), state, cache)
                 all_logits.append(logits)
         return (torch.cat(out, 1), torch.cat(all_logits, 1)) if return_logits else torch.cat(out, 1)
 
-    def param_groups(self, weight_decay, rec_lr_mult=1.0, gate_lr_mult=1.0):
-        """AdamW groups: decay on matrices (dim >= 2) only. The recurrence's own parameters get
-        lr_mult = rec_lr_mult (the retrofit recipe: 100; train.py sets lr = base_lr * lr_mult), and T2MLR's
-        scalar gates g_cur, g_rec that times gate_lr_mult (docs/recipe.md: Adam moves a small scalar by
-        a large fraction a step)."""
+    def param_groups(self, weight_decay, gate_lr_mult=1.0):
+        """AdamW groups: decay on matrices only; T2MLR's scalar gates g_cur, g_rec at lr * gate_lr_mult
+        (Adam moves a small scalar by a large fraction a step: docs/recipe.md). train.py sets lr * lr_mult."""
         groups = {}
-        for name, p in self.named_parameters():
-            if not p.requires_grad:
-                continue
-            rec = self.is_rec_param(name)
-            mult = (rec_lr_mult if rec else 1.0) * (gate_lr_mult if p.dim() == 0 else 1.0)
-            wd = 0.0 if p.dim() < 2 else weight_decay
-            g = groups.setdefault((p.dim(), wd, mult), dict(params=[], weight_decay=wd, lr_mult=mult))  # by kind: resumable
-            g['params'].append(p)
+        for p in self.parameters():
+            mult, wd = gate_lr_mult if p.dim() == 0 else 1.0, 0.0 if p.dim() < 2 else weight_decay
+            groups.setdefault((p.dim(), wd, mult), dict(params=[], weight_decay=wd, lr_mult=mult))['params'].append(p)
         return list(groups.values())
 
+    def rope_and_mask(self, pos, cache):
+        """The RoPE rows of the tokens at pos and the attention mask: None where attention is causal among
+        them (or one query sees the whole prefix), else causal_mask (T, keys). pos a (1,) tensor
+        (engine.py's compiled step): the mask covers the cache's whole buffer, no shape depends on it."""
+        W, cos, sin = self.config.attn_window, self.rope_cos, self.rope_sin
+        if torch.is_tensor(pos):
+            rope = (cos.index_select(0, pos)[:, None], sin.index_select(0, pos)[:, None])
+            return rope, causal_mask(pos, torch.arange(cache.max_len, device=pos.device), W)
+        rope = (cos[pos.start:pos.stop:pos.step, None], sin[pos.start:pos.stop:pos.step, None])
+        strided = cache is not None and len(pos) > 1 and not (pos.start == 0 and pos.step == 1)
+        if (W == 0 or pos[-1] < W) and not strided:  # the window cuts no key before position W
+            return rope, None
+        qpos = torch.arange(pos.start, pos.stop, pos.step, device=cos.device)
+        return rope, causal_mask(qpos, torch.arange(pos[-1] + 1, device=cos.device), W)
+
 # -----------------------------------------------------------------------------
-# helpers
+# the KV cache: the one mechanism behind decoding, the exact loop and the interleaved buffer
+
+class KVCache:
+    """Per-layer keys (after RoPE) and values, (B, n_kv_head, max_len, head_dim), by position. write(i,
+    pos, k, v), pos a range -> the prefix 0..pos[-1]; under autograd out of place, so that the gradient
+    flows through the buffer (engine.py's StaticKVCache adds an in-place one-token write)."""
+
+    def __init__(self, n_layer, max_len):
+        self.max_len, self.k, self.v = max_len, [None] * n_layer, [None] * n_layer
+
+    def _full(self, i, k, v):  # the buffers at full length: allocate, or pad a graph-kept prefix
+        if self.k[i] is None or self.k[i].dtype != k.dtype or self.k[i].size(0) != k.size(0):
+            shape = (k.size(0), k.size(1), self.max_len, k.size(3))
+            self.k[i], self.v[i] = k.new_zeros(shape), v.new_zeros(shape)
+        elif self.k[i].size(2) < self.max_len:
+            self.k[i], self.v[i] = (F.pad(t, (0, 0, 0, self.max_len - t.size(2))) for t in (self.k[i], self.v[i]))
+
+    def write(self, i, pos, k, v):  # k, v: (B, Hkv, len(pos), hd)
+        if pos[-1] + 1 > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} positions, position {pos[-1]} asked for")
+        if self.k[i] is None and pos.start == 0 and pos.step == 1 and torch.is_grad_enabled():
+            self.k[i], self.v[i] = k, v  # a training forward's first pass: keep its graph
+            return k, v
+        self._full(i, k, v)
+        if torch.is_grad_enabled():  # out of place: autograd keeps every version
+            sl = dict(dim=2, start=pos.start, end=pos.stop, step=pos.step)
+            self.k[i], self.v[i] = self.k[i].slice_scatter(k, **sl), self.v[i].slice_scatter(v, **sl)
+        else:
+            self.k[i][:, :, pos.start:pos.stop:pos.step], self.v[i][:, :, pos.start:pos.stop:pos.step] = k, v
+        return self.k[i][:, :, :pos[-1] + 1], self.v[i][:, :, :pos[-1] + 1]
+
+# -----------------------------------------------------------------------------
+# helpers: the mask, the loss, sampling, the checks of a forward's and generation's inputs
 
 def causal_mask(qpos, kpos, window=0):
     """(Tq, Tk) bool: a query at position q reads a key at p iff p <= q (and p > q - window, window > 0)."""
     return (kpos[None, :] <= qpos[:, None]) & ((kpos[None, :] > qpos[:, None] - window) if window > 0 else True)
 
-
-def where_on(rec_on, new, old):
-    """new where the recurrence is on (rec_on: (B, T, 1) bool, None = everywhere), else old."""
-    return new if rec_on is None else torch.where(rec_on.view(rec_on.shape + (1,) * (new.dim() - rec_on.dim())), new, old)
-
-
 def ce_loss(logits, targets):
-    """Mean cross-entropy over positions with target != -1 (0 if there are none)."""
+    """Mean cross-entropy over the positions with target != -1 (0 if there are none)."""
     logits, targets = logits.reshape(-1, logits.size(-1)), targets.reshape(-1)
-    n = (targets != -1).sum().clamp(min=1)
-    return F.cross_entropy(logits, targets, ignore_index=-1, reduction='sum') / n
-
+    return F.cross_entropy(logits, targets, ignore_index=-1, reduction='sum') / (targets != -1).sum().clamp(min=1)
 
 def sample(logits, temperature=1.0, top_k=None, generator=None):
     """logits: (B, V) -> (B, 1) token ids. temperature 0 = greedy (argmax)."""
-    check_sampling(temperature, top_k)
     if temperature == 0:
         return logits.argmax(-1, keepdim=True)
     logits = logits.float() / temperature
@@ -712,3 +540,26 @@ def sample(logits, temperature=1.0, top_k=None, generator=None):
         v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
         logits[logits < v[:, [-1]]] = -float('inf')
     return torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
+
+def check_scheme(config, mode, n_iter, n_grad, n_subsets, T):
+    for ok, msg in [(T <= config.block_size, f"sequence length {T} exceeds block_size {config.block_size}"),
+                    (mode in ('plain', 'exact', 'jacobi', 'interleaved', 'zero'),
+                     f"unknown mode {mode!r}; expected 'plain', 'exact', 'jacobi', 'interleaved' or 'zero'"),
+                    (1 <= n_iter, f"n_iter={n_iter}: Jacobi needs at least one iteration (n_iter >= 1)"),
+                    (0 <= n_grad <= n_iter, f"n_grad={n_grad}: the Jacobi iterations with gradient must be 0..n_iter={n_iter}"),
+                    (1 <= n_subsets and not (mode == 'interleaved' and n_subsets > T),
+                     f"n_subsets={n_subsets}: interleaved needs 1 <= n_subsets <= the sequence length {T}")]:
+        if not ok:
+            raise ValueError(msg)
+
+def check_generate(config, idx, max_new_tokens, temperature, top_k):
+    for ok, msg in [(idx.dim() == 2 and idx.numel() > 0 and not (idx.is_floating_point() or idx.dtype == torch.bool),
+                     f"the prompts must be (B, T) integer token ids, B, T >= 1; got {tuple(idx.shape)} {idx.dtype}"),
+                    (idx.numel() == 0 or 0 <= int(idx.min()) <= int(idx.max()) < config.vocab_size,
+                     f"the prompts hold ids outside the vocabulary 0..{config.vocab_size - 1}"),
+                    (isinstance(max_new_tokens, int) and 0 <= max_new_tokens <= config.block_size - idx.size(-1),
+                     f"max_new_tokens={max_new_tokens!r}: the prompt and new tokens must fit block_size {config.block_size}"),
+                    (temperature >= 0, f"temperature={temperature} must be >= 0 (0 = greedy)"),
+                    (top_k is None or type(top_k) is int and top_k >= 1, f"top_k={top_k!r} must be None or an int >= 1")]:
+        if not ok:
+            raise ValueError(msg)

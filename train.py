@@ -32,7 +32,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configurator import compile_errors, configure, dataclass_defaults, device_setup, fail
 from engine import Engine
-from model import GPT, GPTConfig
+from lab.model_full import GPT, GPTConfig
 from support.checkpoint import save_checkpoint
 from support.dataset import data_fingerprint, load_meta, load_rec_mask, load_split
 from support.diagnostics import eval_modes, gate_stats, task_accuracy

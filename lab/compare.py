@@ -13,7 +13,7 @@ recurrence switches on from identity. A run whose final evaluation is already in
 log is not run again, so an interrupted comparison picks up where it stopped.
 
 $ python prepare.py s5 --group=S3 && python lab/compare.py --dataset=s5_S3 --curve_interval=250 \
-      --out_dir=out/compare_S3 --results_dir=docs/evidence/s5_S3
+      --out_dir=out/compare_S3 --results_dir=lab/results/evidence/s5_S3
 
 also evaluates every 250 steps (on fewer rows) and draws curves.png, the exact-recurrence
 loss and exact match against training steps, and writes the tables and plots to
@@ -59,7 +59,7 @@ extra = ''               # more --key=value for every run, space separated
 quick = False            # a tiny end-to-end run for the tests
 curve_interval = 0       # > 0: also evaluate every so many steps (exact EM on curve_examples rows) -> curves.png
 curve_examples = 200     # rows per test split at those intermediate evaluations (the last one uses 1000)
-results_dir = ''         # where results.md/.json and the plots go ('' = out_dir), e.g. docs/evidence/s5_S3
+results_dir = ''         # where results.md/.json and the plots go ('' = out_dir), e.g. lab/results/evidence/s5_S3
 reliance = False         # only the reliance table from the runs' checkpoints (no training)
 target = 0.9             # tasks: the table counts the seeds whose exact match at the longest length reaches this
 escape_loss = 0.0        # tasks: a run leaves the plateau at the first logged step whose mean train loss is below

@@ -43,7 +43,7 @@ def check():
 
 results = bench.setup(globals(), ['mem_configs', 'mem_vocab', 'mem_gpu_gib', 'mem_len'], None, __doc__, check)
 import torch
-from model import GPT, GPTConfig
+from lab.model_full import GPT, GPTConfig
 from support.diagnostics import activation_bytes
 
 

@@ -88,7 +88,7 @@ def check_config():
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from model import GPT, GPTConfig, KVCache  # noqa: E402
+from lab.model_full import GPT, GPTConfig, KVCache  # noqa: E402
 from support.checkpoint import HF_LLAMA_NAMES, to_hf_llama  # noqa: E402
 from support.diagnostics import activation_bytes  # noqa: E402
 

@@ -3,7 +3,7 @@ Rank tests between arms of a language-modelling comparison: compare.py writes te
 run's test bits per character under each mode); this prints, per pair of arms, the median
 [min, max] of each and the two-sided exact Mann-Whitney p (stats.rank_test) on those bits.
 
-$ python lab/pairs.py docs/ablations/stdlib6/text.json ab6_t2mlr_mid:ab6_t2mlr_full ab6_lrt_nomem/zero:ab6_plain
+$ python lab/pairs.py lab/results/ablations/stdlib6/text.json ab6_t2mlr_mid:ab6_t2mlr_full ab6_lrt_nomem/zero:ab6_plain
 $ python lab/pairs.py a/text.json,b/text.json ab6_lrt_exact:ab6_lrt
 
 Several files (comma-separated) pool each model's seeds: runs made in different sessions, with

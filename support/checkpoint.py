@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from configurator import fail
-from model import GPT, GPTConfig
+from lab.model_full import GPT, GPTConfig
 from support import dataset
 from support.lstm import LSTM, LSTMConfig
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from model import GPT, ce_loss
+from lab.model_full import GPT, ce_loss
 from support.checks import check_fits, check_scheme
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from configurator import fail
-from model import GPTConfig
+from lab.model_full import GPTConfig
 from support.checks import check_scheme
 from support.dataset import load_rec_mask, load_split
 

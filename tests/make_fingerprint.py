@@ -18,7 +18,7 @@ from dataclasses import asdict
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from model import GPT, GPTConfig  # noqa: E402
+from lab.model_full import GPT, GPTConfig  # noqa: E402
 
 TINY = dict(block_size=32, vocab_size=23, n_layer=4, n_head=4, n_kv_head=2, n_embd=16, mlp_hidden=32, reset_token=0)
 STYLES = {

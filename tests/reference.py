@@ -103,9 +103,9 @@ def next_state(model, h, R_prev, off=False):
     if c.recurrence == 't2mlr':
         if off:
             return h
-        if c.rec_residual_detach:
+        if getattr(c, 'rec_residual_detach', False):  # the lab model's options (model.py: neither)
             R_prev = R_prev.detach()
-        m = h + R_prev if c.rec_residual else h
+        m = h + R_prev if getattr(c, 'rec_residual', True) else h
         # the scale is a constant for autograd (computed under detach in the method)
         return m * min(max(1.0 / math.sqrt(m.pow(2).mean().item() + 1e-6), 0.2), 5.0)
     return rms(h, None, c.norm_eps)
@@ -182,7 +182,7 @@ def qkv(model, i, a, mem, positions, on=None):
         vr = gl * v + gf * (mem @ W_fb_v.T).view(n, c.n_kv_head, hd)
         k = kr if on is None else torch.where(on[:, None, None], kr, k)
         v = vr if on is None else torch.where(on[:, None, None], vr, v)
-    if not c.rope:  # NoPE
+    if not getattr(c, 'rope', True):  # NoPE (lab/model_full.py)
         return q, k, v
     return rope(q, c.rope_theta, positions), rope(k, c.rope_theta, positions), v
 

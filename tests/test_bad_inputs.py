@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import prepare
-from model import GPT, GPTConfig
+from lab.model_full import GPT, GPTConfig
 from test_reliability import in_process
 from test_train import ROOT, TINY
 from support.dataset import load_meta

@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from model import GPT, GPTConfig
+from lab.model_full import GPT, GPTConfig
 from test_bench import bench, finite_pos
 from support.checkpoint import save_checkpoint
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from model import KVCache
+from lab.model_full import KVCache
 from test_model import STYLES, TOL, make, tokens
 from support.diagnostics import jacobi_profile
 

@@ -7,7 +7,7 @@ import torch
 
 import engine as engine_module
 from engine import Engine, StaticKVCache
-from model import GPT, GPTConfig
+from lab.model_full import GPT, GPTConfig
 from reference import naive_exact
 from test_model import TOL, make, tokens
 

@@ -19,7 +19,7 @@ import os
 import pytest
 import torch
 
-from model import GPT, GPTConfig
+from lab.model_full import GPT, GPTConfig
 from support.checkpoint import upgrade_state_dict
 
 FIXTURE = torch.load(os.path.join(os.path.dirname(__file__), 'fixtures', 'fingerprint.pt'), weights_only=False)

@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import model as model_module
+import lab.model_full as model_module
 from engine import Engine, StaticKVCache
-from model import attend
+from lab.model_full import attend
 from test_model import STYLES, TOL, make, tokens
 from test_train import common, data, run  # noqa: F401  (the parity dataset fixture)
 

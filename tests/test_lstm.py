@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import prepare
-from model import GPT, GPTConfig
+from lab.model_full import GPT, GPTConfig
 from support.checkpoint import build_model, load_checkpoint, save_checkpoint
 from support.flops import flops_per_token
 from support.lstm import LSTM, LSTMConfig

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from model import GPT, GPTConfig, KVCache
+from lab.model_full import GPT, GPTConfig, KVCache
 from reference import naive_exact, naive_plain
 from support.checkpoint import smollm2_135m_config
 

@@ -25,7 +25,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from model import GPT, GPTConfig, KVCache
+from lab.model_full import GPT, GPTConfig, KVCache
 from support.checkpoint import HF_LLAMA_NAMES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

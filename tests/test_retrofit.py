@@ -22,7 +22,7 @@ pytest.importorskip('transformers')
 from transformers import GPT2Config, LlamaConfig, LlamaForCausalLM  # noqa: E402
 from transformers.models.llama import modeling_llama  # noqa: E402
 
-from model import GPT, rope_tables  # noqa: E402
+from lab.model_full import GPT, rope_tables  # noqa: E402
 from support.checkpoint import CheckpointError, from_pretrained  # noqa: E402
 
 V, T, L = 61, 24, 3

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from model import GPT
+from lab.model_full import GPT
 from reference import full_model, naive_block, naive_exact, naive_interleaved
 from test_model import STYLES, IDS, TOL, make, tokens
 

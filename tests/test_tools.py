@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import prepare
-from model import GPT, GPTConfig
+from lab.model_full import GPT, GPTConfig
 from support.checkpoint import save_checkpoint
 from support.dataset import load_meta, load_split
 

@@ -18,7 +18,7 @@ except ImportError:
 
 import prepare
 import reference as ref
-from model import GPT, GPTConfig
+from lab.model_full import GPT, GPTConfig
 from support import dataset
 from support.checkpoint import save_checkpoint
 from support.diagnostics import trace_values
