@@ -162,7 +162,7 @@ raw_model = model  # unwrapped and uncompiled: eval, generation and checkpoints 
 recurrent = raw_model.config.recurrence != 'none'
 exact_guess = recurrent and train_mode == 'jacobi' and raw_model.config.jacobi_init == 'exact'
 exact_engine = Engine(raw_model) if compile and recurrent else None  # compiled exact eval
-groups = raw_model.param_groups(weight_decay, rec_lr_mult, gate_lr_mult)
+groups = raw_model.param_groups(weight_decay, gate_lr_mult, rec_lr_mult)
 fused = device_type == 'cuda'
 optimizer = torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, beta2), fused=fused)
 if ckpt is not None:

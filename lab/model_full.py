@@ -56,6 +56,13 @@ class GPTConfig(textbook.GPTConfig):
     lrt_inject: str = 'both'    # 'kv' | 'residual' | 'both'
     lrt_identity_init: bool = False  # gamma=0, W_fb=0: starts equal to the plain GPT
     lrt_gate_channels: int = 0  # the gates read the first this-many channels of the normed input; 0 = all (DESIGN.md 11)
+    # the lab's training options, settings of lab/train.py (train.py under this model) through these fields
+    n_rounds: int = 1           # interleaved: R rounds of the S refinements (exact positions 0..R*S-1)
+    block_len: int = 4          # train_mode 'block': C, the chunk length (the state crosses chunk boundaries only)
+    recompute: bool = False     # activation checkpointing: the passes that keep a graph are recomputed in backward
+    rec_lr_mult: float = 1.0    # lr multiplier of the recurrence's own parameters (a retrofit's: 100)
+    beta2: float = 0.95         # AdamW's second-moment decay, in every parameter group (beta1 0.9)
+    arch: str = 'gpt'           # 'gpt' | 'lstm': the LSTM baseline (support/lstm.py), n_layer layers of n_embd
     jacobi_inits = ('plain', 'zero', 'exact')  # 'zero': one iteration from the zero state
 
     def __post_init__(self):
@@ -334,8 +341,8 @@ class GPT(nn.Module):
     # forward passes: the three training schemes and the exact recurrence. Each one returns
     # (logits (B, T, V), loss, the state each token hands on (B, T, d))
 
-    def forward(self, idx, targets=None, mode='exact', n_iter=8, n_grad=4, n_subsets=2, rec_mask=None, n_rounds=1,
-                recompute=False, block_len=1):
+    def forward(self, idx, targets=None, mode='exact', n_iter=8, n_grad=4, n_subsets=2, rec_mask=None, n_rounds=None,
+                recompute=None, block_len=None):
         """idx, targets: (B, T) token ids (targets -1 = no loss). Returns (logits (B, T, V), loss).
         mode: 'plain'        the backbone alone, recurrence bypassed
               'exact'        the exact sequential recurrence (what generation computes)
@@ -349,6 +356,9 @@ class GPT(nn.Module):
         T = idx.size(1)
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
+        c = self.config  # n_rounds, recompute, block_len: the config's where not given
+        n_rounds, recompute = c.n_rounds if n_rounds is None else n_rounds, c.recompute if recompute is None else recompute
+        block_len = c.block_len if block_len is None else block_len
         check_scheme(mode, n_iter, n_grad, n_subsets, n_rounds, T, block_len)
         if self.rec == 'none' or mode == 'plain':
             return self._logits_loss(self.run_blocks(self.drop(self.wte(idx)), 0, self.config.n_layer - 1, range(T)), targets)
@@ -543,19 +553,18 @@ class GPT(nn.Module):
                 all_logits.append(logits)
         return (torch.cat(out, 1), torch.cat(all_logits, 1)) if return_logits else torch.cat(out, 1)
 
-    def param_groups(self, weight_decay, rec_lr_mult=1.0, gate_lr_mult=1.0):
-        """AdamW groups: decay on matrices (dim >= 2) only. The recurrence's own parameters get
-        lr_mult = rec_lr_mult (the retrofit recipe: 100; train.py sets lr = base_lr * lr_mult), and T2MLR's
-        scalar gates g_cur, g_rec that times gate_lr_mult (docs/recipe.md: Adam moves a small scalar by
-        a large fraction a step)."""
+    def param_groups(self, weight_decay, gate_lr_mult=1.0, rec_lr_mult=None):
+        """model.GPT.param_groups, and: the recurrence's own parameters at lr_mult = rec_lr_mult (default
+        the config's; the retrofit recipe: 100), the gates that times gate_lr_mult; betas (0.9, beta2)."""
         groups = {}
         for name, p in self.named_parameters():
             if not p.requires_grad:
                 continue
-            rec = self.is_rec_param(name)
+            rec, rec_lr_mult = self.is_rec_param(name), self.config.rec_lr_mult if rec_lr_mult is None else rec_lr_mult
             mult = (rec_lr_mult if rec else 1.0) * (gate_lr_mult if p.dim() == 0 else 1.0)
             wd = 0.0 if p.dim() < 2 else weight_decay
-            g = groups.setdefault((p.dim(), wd, mult), dict(params=[], weight_decay=wd, lr_mult=mult))  # by kind: resumable
+            g = groups.setdefault((p.dim(), wd, mult), dict(params=[], weight_decay=wd, lr_mult=mult,  # by kind: resumable
+                                                            betas=(0.9, self.config.beta2)))
             g['params'].append(p)
         return list(groups.values())
 

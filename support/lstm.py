@@ -110,7 +110,7 @@ class LSTM(nn.Module):
 
     generate = GPT.generate
 
-    def param_groups(self, weight_decay, rec_lr_mult=1.0, gate_lr_mult=1.0):
+    def param_groups(self, weight_decay, gate_lr_mult=1.0, rec_lr_mult=None):
         """AdamW groups as GPT.param_groups makes them: decay on matrices (dim >= 2) only. There
         are no recurrence parameters of the method's to give rec_lr_mult or gate_lr_mult."""
         params = [p for p in self.parameters() if p.requires_grad]
