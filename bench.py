@@ -119,7 +119,7 @@ def sync():
 
 def make_model(rec, jacobi_init='plain', block_size=0):
     """The backbone with recurrence rec at its placement, the same weights in every variant."""
-    from model import GPT, GPTConfig
+    from lab.model_full import GPT, GPTConfig
     torch.manual_seed(seed)
     s, e = placement[rec]
     try:

@@ -17,8 +17,8 @@ model's own. The tokens equal eager GPT.generate's (tests/test_decode.py, tests/
 
 import torch
 
-from lab.model_full import GPT, KVCache, sample
-from support.checks import check_decode_step, check_generate
+from model import GPT, KVCache
+from support.checks import check_decode_step
 
 
 class StaticKVCache(KVCache):
@@ -58,9 +58,6 @@ class Engine:
             self._span = self._span and torch.compile(self._span, dynamic=False, **kw)
         self.caches = {}  # (B, max_len) -> StaticKVCache, kept across generate calls
 
-    def new_cache(self, B, max_len):
-        return self.caches.setdefault((B, max_len), StaticKVCache(self.config.n_layer, max_len))
-
     def decode_step(self, tok, pos, state, cache):
         """GPT.decode_step, static: pos a range(t, t + 1) or the (1,) tensor [t] (bench.py makes them
         before its clock starts)."""
@@ -72,32 +69,26 @@ class Engine:
             logits, state = logits.clone(), None if state is None else state.clone()
         return logits, state
 
-    def span_step(self, x, idx, pos, state, cache, rec_mask=None):
+    def span_step(self, x, idx, pos, state, cache):
         """GPT.span_step, static from token 1 on (token 0 allocates the cache)."""
         if pos.start == 0:
-            return self.model.span_step(x, idx, pos, state, cache, rec_mask)
-        return self._span(x, idx, torch.tensor([pos.start], device=idx.device), state, cache, rec_mask)
+            return self.model.span_step(x, idx, pos, state, cache)
+        return self._span(x, idx, torch.tensor([pos.start], device=idx.device), state, cache)
 
     def exact(self, idx, targets=None, cache=None, rec_mask=None):
-        """GPT._sequential's exact recurrence (C = 1) with the compiled span step: the same loop,
-        token by token. -> (logits (B, T, V), loss, the state each token hands on (B, T, d))."""
-        m, (B, T) = self.model, idx.shape
-        cache = StaticKVCache(self.config.n_layer, T) if cache is None else cache
-        x = m._below(idx, cache)
-        state, outs = x.new_zeros(B, 1, self.config.n_embd), []  # R_{-1} = 0
-        for t in range(T):
-            outs.append(self.span_step(x[:, t:t + 1], idx[:, t:t + 1], range(t, t + 1), state, cache,
-                                       None if rec_mask is None else rec_mask[:, t:t + 1]))
-            state = outs[-1][2]
-        h, read, new = (torch.cat(z, 1) for z in zip(*outs))
-        return *m._above(h, m.state_input(read, rec_mask), cache, targets), new
+        """GPT.exact's loop with the compiled span step -> (logits (B, T, V), loss, the states handed on
+        (B, T, d)). With a prompt mask (lab/model_full.py) the model's own loop."""
+        cache = StaticKVCache(self.config.n_layer, idx.size(1)) if cache is None else cache
+        if rec_mask is not None:
+            return self.model._sequential(idx, targets, 1, cache, rec_mask)
+        return self.model.exact(idx, targets, cache, step=self.span_step)
 
     @torch.no_grad()
-    def prefill(self, idx, cache, mode='exact', n_iter=8, tol=None):
+    def prefill(self, idx, cache, mode='exact', n_iter=8, **kw):
         """GPT.prefill; the exact recurrence through the compiled span step (the other modes are
         parallel: model.py's)."""
         if mode != 'exact' or self._span is None or self.model.rec == 'none':
-            return self.model.prefill(idx, cache, mode, n_iter, tol)
+            return self.model.prefill(idx, cache, mode, n_iter, **kw)
         logits, _, states = self.exact(idx, None, cache)
         return logits, states[:, -1].contiguous(), idx.size(1)  # (B, d) laid out as decode_step's: no recompile
 
@@ -108,29 +99,15 @@ class Engine:
         m = self.model
         if m.config.recurrence == 'none' or mode not in ('exact', 'zero'):  # (an LSTM's config says 'none' too)
             raise ValueError(f"Engine.forward runs the exact and zero modes of a recurrent model, not {mode!r}")
-        return m(idx, targets, 'zero', rec_mask=rec_mask) if mode == 'zero' else self.exact(idx, targets, None, rec_mask)[:2]
+        if mode == 'zero':
+            return m(idx, targets, 'zero', **({} if rec_mask is None else dict(rec_mask=rec_mask)))
+        return self.exact(idx, targets, None, rec_mask)[:2]
 
     __call__ = forward
 
-    @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, prefill='exact', prefill_iters=8,
-                 return_logits=False, generator=None, stop_token=None, on_token=None, prefill_tol=None):
+    def new_cache(self, B, max_len):
+        return self.caches.setdefault((B, max_len), StaticKVCache(self.config.n_layer, max_len))
+
+    def generate(self, idx, max_new_tokens, **kw):
         """GPT.generate's loop over this engine's cache (kept across calls), prefill and decode_step."""
-        check_generate(self.config, idx, max_new_tokens, temperature, top_k, prefill, prefill_iters, prefill_tol)
-        B, T0 = idx.shape
-        cache = self.new_cache(B, T0 + max_new_tokens)
-        logits, state, _ = self.prefill(idx, cache, prefill, prefill_iters, prefill_tol)
-        out, all_logits, done = [idx], [logits], torch.zeros(B, 1, dtype=torch.bool, device=idx.device)
-        for step in range(max_new_tokens):
-            tok = sample(logits[:, -1], temperature, top_k, generator)  # (B, 1)
-            out.append(tok)
-            if on_token is not None:
-                on_token(torch.cat(out, 1))
-            if stop_token is not None:
-                done |= tok == stop_token
-                if done.all():
-                    break
-            if step < max_new_tokens - 1:  # the position as a range: checked, then made a tensor
-                logits, state = self.decode_step(tok, range(T0 + step, T0 + step + 1), state, cache)
-                all_logits.append(logits)
-        return (torch.cat(out, 1), torch.cat(all_logits, 1)) if return_logits else torch.cat(out, 1)
+        return self.model.generate(idx, max_new_tokens, runner=self, **kw)

@@ -43,6 +43,7 @@ class GPTConfig:
     # fixed here, settings in lab/model_full.py
     jacobi_inits = ('plain', 'exact')
     norm_eps = 1e-5
+    rec_gate_gain = 1.0  # the xavier gain of T2MLR's f_cur, f_rec
     rope_theta = 10000.0
     tie_embeddings = True
 
@@ -182,8 +183,7 @@ class T2MLRFusion(nn.Module):
         for f in (self.f_cur, self.f_rec):
             nn.init.xavier_normal_(f.weight, gain=gain)
             nn.init.zeros_(f.bias)  # sigmoid(0) = 0.5, as the official recipes
-        if self.w_rec is not None:
-            self.w_rec.reset_parameters()  # PyTorch's default Linear init, as the official code
+        self.w_rec.reset_parameters()  # PyTorch's default Linear init, as the official code
 
 # -----------------------------------------------------------------------------
 # LRT: the memory injected into every block >= s (DESIGN.md 4)
@@ -273,7 +273,7 @@ class GPT(nn.Module):
             elif p.dim() == 2:
                 nn.init.normal_(p, std=0.02)
         if self.fusion is not None:
-            self.fusion.init_weights(self.config.rec_gate_init)
+            self.fusion.init_weights(self.config.rec_gate_init, self.config.rec_gate_gain)
         if self.lrt is not None:
             self.lrt.init_weights()
 
@@ -441,15 +441,15 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, prefill='exact', prefill_iters=8,
-                 return_logits=False, generator=None, stop_token=None, on_token=None, runner=None):
+                 return_logits=False, generator=None, stop_token=None, on_token=None, runner=None, **prefill_kw):
         """idx: (B, T0) prompts -> (B, T0 + max_new_tokens) tokens (return_logits: and each next token's
         logits): a prefill, then one forward pass per new token. temperature 0 = greedy; on_token(tokens)
         after each; stop_token: stop once every row made it. runner: whose new_cache, prefill and
-        decode_step run (engine.Engine: compiled), default this model's."""
+        decode_step run (engine.Engine: compiled), default this model's; prefill_kw: lab/model_full.py's."""
         check_generate(self.config, idx, max_new_tokens, temperature, top_k)
         run, (B, T0) = runner or self, idx.shape
         cache = run.new_cache(B, T0 + max_new_tokens)
-        logits, state, _ = run.prefill(idx, cache, prefill, prefill_iters)
+        logits, state, _ = run.prefill(idx, cache, prefill, prefill_iters, **prefill_kw)
         all_logits, out, done = [logits], [idx], torch.zeros(B, 1, dtype=torch.bool, device=idx.device)
         for step in range(max_new_tokens):
             out.append(sample(logits[:, -1], temperature, top_k, generator))  # (B, 1)

@@ -94,7 +94,8 @@ compile = False          # torch.compile the model (and the exact evaluation's e
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items()
                if not k.startswith('_') and isinstance(v, (int, float, bool, str, type(None)))]
-model_settings = dataclass_defaults(GPTConfig, leave_out=('block_size', 'vocab_size', 'reset_token', 'recurrence'))
+model_settings = dataclass_defaults(GPTConfig, leave_out=('block_size', 'vocab_size', 'reset_token', 'recurrence', 'n_rounds',
+                                                          'block_len', 'recompute', 'rec_lr_mult', 'arch'))  # train.py's own
 given = configure(globals(), config_keys, more=model_settings)  # model_settings: the GPTConfig fields set
 if dtype == 'auto':  # after the overrides: --device=cpu on a GPU machine means float32
     dtype = 'bfloat16' if device.startswith('cuda') else 'float32'

@@ -61,7 +61,6 @@ class GPTConfig(textbook.GPTConfig):
     block_len: int = 4          # train_mode 'block': C, the chunk length (the state crosses chunk boundaries only)
     recompute: bool = False     # activation checkpointing: the passes that keep a graph are recomputed in backward
     rec_lr_mult: float = 1.0    # lr multiplier of the recurrence's own parameters (a retrofit's: 100)
-    beta2: float = 0.95         # AdamW's second-moment decay, in every parameter group (beta1 0.9)
     arch: str = 'gpt'           # 'gpt' | 'lstm': the LSTM baseline (support/lstm.py), n_layer layers of n_embd
     jacobi_inits = ('plain', 'zero', 'exact')  # 'zero': one iteration from the zero state
 
@@ -78,123 +77,12 @@ class GPTConfig(textbook.GPTConfig):
         check_model_config(self)
 
 # -----------------------------------------------------------------------------
-# backbone
+# what a run of blocks reads: model.StateIn, and where the recurrence is on, LRT's inject modes and gate channels
 
-class Block(nn.Module):
-    def __init__(self, config, i):
-        super().__init__()
-        self.i = i
-        self.ln_1 = RMSNorm(config.n_embd, config.norm_eps)
-        self.attn = Attention(config, i)
-        self.ln_2 = RMSNorm(config.n_embd, config.norm_eps)
-        self.mlp = MLP(config)
-        self.drop = nn.Dropout(config.dropout)
-
-    def forward(self, x, rope, pos, mask, cache, state_in=None):
-        # state_in: the StateIn of this run of blocks, or None (the plain model)
-        if state_in is not None:
-            x = state_in.enter(self.i, x)  # T2MLR's fusion at block s, LRT's residual at blocks >= s
-        y = self.attn(self.ln_1(x), rope, pos, mask, cache, state_in)
-        x = x + (self.drop(y) if self.drop.p > 0 else y)  # no dropout call at p = 0
-        y = self.mlp(self.ln_2(x))
-        return x + (self.drop(y) if self.drop.p > 0 else y)
-
-# -----------------------------------------------------------------------------
-# T2MLR: gated fusion at the input of block s (DESIGN.md 3)
-
-class T2MLRFusion(nn.Module):
-    """Phi(h, R) = h + tanh(g_cur) sigmoid(f_cur([h, r])) * h + tanh(g_rec) sigmoid(f_rec([h, r])) * r,
-    r = W_rec R. g_cur = g_rec = 0 at init, so Phi is the identity: the model starts as the plain GPT."""
-
-    def __init__(self, config):
-        super().__init__()
-        d = config.n_embd
-        self.w_rec = nn.Linear(d, d, bias=False) if config.rec_proj else None
-        self.f_cur = nn.Linear(2 * d, d, bias=True)
-        self.f_rec = nn.Linear(2 * d, d, bias=True)
-        # scalar gates, fp32 (train.py's bf16 is autocast, which leaves them fp32; .double() makes them fp64)
-        self.g_cur = nn.Parameter(torch.zeros((), dtype=torch.float32))
-        self.g_rec = nn.Parameter(torch.zeros((), dtype=torch.float32))
-
-    def forward(self, h, R):
-        # h: (B, T, d) input of block s; R: (B, T, d) the state each token reads, R_{t-1}
-        r = self.w_rec(R) if self.w_rec is not None else R
-        hr = torch.cat([h, r], dim=-1)
-        wide = torch.promote_types(torch.float32, h.dtype)  # tanh in at least fp32, then the activations' dtype
-        g_cur, g_rec = (torch.tanh(g.to(wide)).to(h.dtype) for g in (self.g_cur, self.g_rec))
-        cur = g_cur * torch.sigmoid(self.f_cur(hr))  # (B, T, d) the gates tanh(g) sigmoid(f([h, r]))
-        rec = g_rec * torch.sigmoid(self.f_rec(hr))
-        return h + cur * h + rec * r
-
-    def init_weights(self, gain, g_rec=0.0):
-        nn.init.constant_(self.g_rec, g_rec)  # > 0: the recurrent path open from the start (docs/recipe.md)
-        for f in (self.f_cur, self.f_rec):
-            nn.init.xavier_normal_(f.weight, gain=gain)
-            nn.init.zeros_(f.bias)  # sigmoid(0) = 0.5: the official S5/GSM8K recipes' gate init
-        if self.w_rec is not None:
-            self.w_rec.reset_parameters()  # PyTorch's default Linear init, as the official code
-
-# -----------------------------------------------------------------------------
-# LRT: the memory injected into every block >= s (DESIGN.md 4)
-
-class LRT(nn.Module):
-    """All of LRT. The memory m_{t-1} = rmsnorm(h^(e)_{t-1}) enters every reading block i >= s
-    (the j-th, j = i - s) two ways:
-      residual   x <- alpha_j x + gamma_j m   at the block input
-      key/value  k = g_loc W_k a + g_fb W_fb_k m,  v = g_loc W_v a + g_fb W_fb_v m, with
-                 (g_loc, g_fb) = 2 sigmoid(W_g,j a) per KV head, a the normed block input: a gated
-                 addition to the token's OWN key/value, so the cache keeps its shape.
-    W_fb = [W_fb_k; W_fb_v]: one for all reading layers (LRT-shared, the paper's default) or one
-    per layer. lrt_inject='kv' or 'residual' keeps one of the two paths."""
-
-    def __init__(self, config, s):
-        super().__init__()
-        c, n = config, config.n_layer - s  # n reading layers
-        self.s, self.shared, self.Hkv, self.hd = s, c.lrt_shared, c.n_kv_head, c.n_embd // c.n_head
-        self.w_fb = self.gate = self.alpha = self.gamma = None
-        if c.lrt_inject != 'residual':
-            self.gate_in = c.lrt_gate_channels or c.n_embd  # the gates read the first gate_in channels (DESIGN.md 11)
-            self.w_fb = nn.ModuleList([nn.Linear(c.n_embd, 2 * c.n_kv_head * self.hd, bias=False)
-                                       for _ in range(1 if c.lrt_shared else n)])
-            self.gate = nn.ModuleList([nn.Linear(self.gate_in, 2 * c.n_kv_head, bias=False) for _ in range(n)])
-        if c.lrt_inject != 'kv':
-            self.alpha = nn.Parameter(torch.ones(n))
-            self.gamma = nn.Parameter(torch.full((n,), 0.0 if c.lrt_identity_init else 0.1))
-
-    def init_weights(self, identity):  # the gates start at 2 sigmoid(0) = 1; identity: W_fb = 0 too
-        for lin in list(self.gate or []) + (list(self.w_fb or []) if identity else []):
-            nn.init.zeros_(lin.weight)
-
-    def project(self, j, m):
-        # m (B, T, d) -> (W_fb_k m, W_fb_v m) of reading layer j, stacked: (B, T, 2, Hkv, hd), one matmul
-        return self.w_fb[0 if self.shared else j](m).view(*m.shape[:2], 2, self.Hkv, self.hd)
-
-    def residual(self, j, x, m, on):
-        # reading layer j's block input: x <- alpha_j x + gamma_j m where the recurrence is on
-        return x if self.alpha is None else where_on(on, self.alpha[j] * x + self.gamma[j] * m, x)
-
-    def gated_kv(self, j, a, qkv, m, mem_kv, on):
-        # a: (B, T, d) the normed block input; qkv: (B, T, H + 2 Hkv, hd), its last 2 Hkv heads the
-        # keys and values; mem_kv: LRT-shared's W_fb m (B, T, 2, Hkv, hd), else None (project here)
-        if self.gate is None:
-            return qkv
-        B, T, Hkv = a.size(0), a.size(1), self.Hkv
-        g = 2 * torch.sigmoid(self.gate[j](a[..., :self.gate_in])).view(B, T, 2, Hkv, 1)  # (g_loc, g_fb)
-        mem_kv = mem_kv if self.shared else self.project(j, m)  # (W_fb_k m, W_fb_v m)
-        kv = qkv[:, :, -2 * Hkv:].unflatten(2, (2, Hkv))  # k and v gated together, by the same gates
-        kv = where_on(on, g[:, :, :1] * kv + g[:, :, 1:] * mem_kv, kv)
-        return torch.cat([qkv[:, :, :-2 * Hkv], kv.flatten(2, 3)], 2)
-
-# -----------------------------------------------------------------------------
-# what a run of blocks reads from the recurrence
-
-class StateIn:
-    """The state a run of blocks reads, built once per pass and handed to every block:
-      state   (B, T, d) what each token reads: R_{t-1} (T2MLR) or m_{t-1} (LRT)
-      on      (B, T, 1) bool, where the recurrence is on (None: everywhere). Off, a token runs as
-              the plain model although it has a state (T2MLR's prompt in fine-tuning).
-      mem_kv  LRT-shared's (W_fb_k m, W_fb_v m), (B, T, 2, Hkv, hd): one projection for every layer.
-    Block i calls enter(i, x) on its input and Attention gated_kv(i, a, qkv) on its keys/values."""
+class StateIn(textbook.StateIn):
+    """model.StateIn plus on (B, T, 1) bool, where the recurrence is on (None: everywhere): off, a
+    token runs as the plain model although it has a state (T2MLR's prompt in fine-tuning). LRT
+    with lrt_inject 'kv' has no alpha/gamma, with 'residual' no gates and W_fb (then None)."""
 
     def __init__(self, model, state, rec_mask=None):
         self.s, self.fusion, self.lrt, self.state = model.s, model.fusion, model.lrt, state
@@ -203,95 +91,52 @@ class StateIn:
         self.mem_kv = self.lrt.project(0, state) if shared else None
 
     def enter(self, i, x):
-        # T2MLR: x <- Phi(x, R) at the input of block s (DESIGN.md 3); LRT: x <- alpha x + gamma m
-        # at every block >= s (DESIGN.md 4)
         if i == self.s and self.fusion is not None:
             return where_on(self.on, self.fusion(x, self.state), x)
-        if i >= self.s and self.lrt is not None:
-            return self.lrt.residual(i - self.s, x, self.state, self.on)
+        if i >= self.s and self.lrt is not None and self.lrt.alpha is not None:
+            return where_on(self.on, self.lrt.residual(i - self.s, x, self.state), x)
         return x
 
-    def gated_kv(self, i, a, qkv):  # LRT: k <- g_loc k + g_fb W_fb_k m_{t-1}, the same for v (DESIGN.md 4)
-        if i < self.s or self.lrt is None:
+    def gated_kv(self, i, a, qkv):
+        if i < self.s or self.lrt is None or self.lrt.gate is None:
             return qkv
-        return self.lrt.gated_kv(i - self.s, a, qkv, self.state, self.mem_kv, self.on)
+        a = a[..., :self.lrt.gate[0].in_features]  # the gates read the first lrt_gate_channels channels (DESIGN.md 11)
+        return where_on(self.on, self.lrt.gated_kv(i - self.s, a, qkv, self.state, self.mem_kv), qkv)
 
 # -----------------------------------------------------------------------------
 # the model
 
-class GPT(nn.Module):
+class GPT(textbook.GPT):
 
     def __init__(self, config):
-        super().__init__()
-        config.validate()
-        self.config = c = config
-        self.rec = c.recurrence
-        # the segments (module docstring); with no recurrence everything is "below" (s = e + 1 = L)
-        self.s, self.e = (c.rec_start, c.rec_end) if self.rec != 'none' else (c.n_layer, c.n_layer - 1)
-        self.wte = nn.Embedding(c.padded_vocab, c.n_embd)
-        self.drop = nn.Dropout(c.dropout)
-        self.h = nn.ModuleList([Block(c, i) for i in range(c.n_layer)])
-        self.ln_f = RMSNorm(c.n_embd, c.norm_eps)
-        self.lm_head = nn.Linear(c.n_embd, c.padded_vocab, bias=False)
-        if c.tie_embeddings:
-            self.lm_head.weight = self.wte.weight
-        self.fusion = T2MLRFusion(c) if self.rec == 't2mlr' else None
-        self.lrt = LRT(c, self.s) if self.rec == 'lrt' else None
-        cos, sin = rope_tables(c.n_embd // c.n_head, c.block_size, c.rope_theta)
+        super().__init__(config)  # model.GPT, its init; then what the lab's settings change
+        c = config
+        self.drop = nn.Dropout(c.dropout)  # the embeddings' and (hooks) each block's two branches'
+        for b in self.h if c.dropout > 0 else []:
+            for branch in (b.attn, b.mlp):
+                branch.register_forward_hook(lambda mod, inp, out: F.dropout(out, c.dropout, mod.training))
         if not c.rope:  # NoPE: rotate by angle 0 (cos 1, sin 0), so apply_rope is the identity, exactly
-            cos, sin = torch.ones_like(cos), torch.zeros_like(sin)
-        self.register_buffer('rope_cos', cos, persistent=False)
-        self.register_buffer('rope_sin', sin, persistent=False)
-        self._init_weights()
-
-    def _init_weights(self):
-        c = self.config
-        for name, p in self.named_parameters():
-            if name.endswith('w_down.weight') or name.endswith('attn.wo.weight'):
-                nn.init.normal_(p, std=0.02 / math.sqrt(2 * c.n_layer))  # GPT-2 residual scaling
-            elif p.dim() == 2:
-                nn.init.normal_(p, std=0.02)
-        if self.fusion is not None:
-            self.fusion.init_weights(c.rec_gate_gain, c.rec_gate_init)
+            self.rope_cos.fill_(1.0), self.rope_sin.zero_()
+        if self.fusion is not None and not c.rec_proj:
+            self.fusion.w_rec = nn.Identity()  # r = R
         if self.lrt is not None:
-            self.lrt.init_weights(c.lrt_identity_init)
+            lrt, n = self.lrt, c.n_layer - self.s
+            if c.lrt_inject == 'kv':
+                lrt.alpha = lrt.gamma = None
+            if c.lrt_inject == 'residual':
+                lrt.w_fb = lrt.gate = None
+            elif c.lrt_gate_channels:  # the gates read the first lrt_gate_channels channels, start at 1
+                lrt.gate = nn.ModuleList([nn.Linear(c.lrt_gate_channels, 2 * c.n_kv_head, bias=False) for _ in range(n)])
+                lrt.init_weights()
+            if c.lrt_identity_init:  # gamma = 0, W_fb = 0: starts equal to the plain GPT
+                for p in ([lrt.gamma] if lrt.gamma is not None else []) + [l.weight for l in lrt.w_fb or []]:
+                    nn.init.zeros_(p)
 
-    is_rec_param = staticmethod(lambda name: name.startswith(('fusion.', 'lrt.')))  # the recurrence's own
-
-    # ------------------------------------------------------------------
-    # the primitive: run blocks a..b at positions pos
-
-    def run_blocks(self, x, a, b, pos, state_in=None, cache=None):
-        """x: (B, T, d), the stream at the input of block a, of the tokens at positions pos (a
-        range: 0..T-1, one token range(t, t + 1), or a strided subset). state_in: the
-        StateIn each token reads (the state, where the recurrence is on, LRT's projection); None
-        runs the plain model. cache: a KVCache to write into and attend over (None: tokens 0..T-1
-        among themselves)."""
-        if a > b:
-            return x
-        rope, mask = self.rope_and_mask(pos, cache)
-        for i in range(a, b + 1):
-            x = self.h[i](x, rope, pos, mask, cache, state_in)
-        return x
-
-    def state_input(self, state, rec_mask=None):  # the StateIn of a pass from the states its tokens read (B, T, d)
+    def state_input(self, state, rec_mask=None):
         return StateIn(self, state, rec_mask)
 
-    def rope_and_mask(self, pos, cache):
-        """The RoPE rows of the tokens at pos, and the attention mask: None where attention is
-        causal among the tokens (or one query sees the whole prefix), else (T, keys) causal_mask.
-        pos a (1,) tensor (engine.py's compiled step): the mask covers the cache's whole buffer."""
-        W = self.config.attn_window
-        if torch.is_tensor(pos):  # no shape or guard depends on the position
-            rope = (self.rope_cos.index_select(0, pos)[:, None], self.rope_sin.index_select(0, pos)[:, None])
-            return rope, causal_mask(pos, torch.arange(cache.max_len, device=pos.device), W)
-        rope = (self.rope_cos[pos.start:pos.stop:pos.step, None], self.rope_sin[pos.start:pos.stop:pos.step, None])
-        strided = cache is not None and len(pos) > 1 and not (pos.start == 0 and pos.step == 1)
-        if (W == 0 or pos[-1] < W) and not strided:  # the window cuts no key before position W
-            return rope, None
-        kpos = torch.arange(pos[-1] + 1, device=self.rope_cos.device)
-        qpos = torch.arange(pos.start, pos.stop, pos.step, device=kpos.device)
-        return rope, causal_mask(qpos, kpos, W)
+    def below(self, idx, cache=None):  # the embeddings' dropout
+        return self.run_blocks(self.drop(self.wte(idx)), 0, self.s - 1, range(idx.size(1)), None, cache)
 
     def next_state(self, h, state, rec_mask=None):
         """The state a token hands on to the next, from h = h^(e)_t and the state it read (B, T, d).
@@ -311,31 +156,19 @@ class GPT(nn.Module):
     def shift_states(self, states, idx, rec_mask=None):
         """states: (B, T, d) handed on by tokens 0..T-1 -> (B, T, d) read by tokens 0..T-1:
         shift(X)[:, t] = X[:, t-1], zero at t = 0 and at document starts (reset token)."""
-        return self._reset(F.pad(states[:, :-1], (0, 0, 1, 0)), idx, rec_mask)
+        return self.reset(F.pad(states[:, :-1], (0, 0, 1, 0)), idx, rec_mask)
 
-    def _reset(self, state, idx, rec_mask=None):
-        # zero the state read at document starts, and where the recurrence is off
-        if self.config.reset_token is not None:
-            state = state * (idx != self.config.reset_token).unsqueeze(-1).to(state.dtype)
+    def reset(self, state, idx, rec_mask=None):
+        # model.GPT.reset, and the state read is 0 where the recurrence is off
+        state = super().reset(state, idx)
         if rec_mask is not None:
             state = state * rec_mask.unsqueeze(-1).to(state.dtype)
         return state
 
-    def _below(self, idx, cache=None):  # blocks 0..s-1 never read the state: once, in parallel
-        return self.run_blocks(self.drop(self.wte(idx)), 0, self.s - 1, range(idx.size(1)), None, cache)
-
-    def _span(self, x, state_in, cache=None, recompute=False):
+    def span(self, x, state_in, cache=None, recompute=False):
         # blocks s..e over the whole sequence, reading state_in; recompute: keep only the inputs, rerun in backward
         run = lambda x: self.run_blocks(x, self.s, self.e, range(x.size(1)), state_in, cache)
         return checkpoint(run, x, use_reentrant=False) if recompute and torch.is_grad_enabled() else run(x)
-
-    def _above(self, h, state_in, cache, targets):  # blocks e+1..L-1 and the head -> (logits, loss)
-        x = self.run_blocks(h, self.e + 1, self.config.n_layer - 1, range(h.size(1)), state_in, cache)
-        return self._logits_loss(x, targets)
-
-    def _logits_loss(self, x, targets):  # the padded vocabulary rows: never sampled, never in the loss
-        logits = self.lm_head(self.ln_f(x))[..., :self.config.vocab_size]
-        return logits, (None if targets is None else ce_loss(logits, targets))
 
     # ------------------------------------------------------------------
     # forward passes: the three training schemes and the exact recurrence. Each one returns
@@ -361,7 +194,7 @@ class GPT(nn.Module):
         block_len = c.block_len if block_len is None else block_len
         check_scheme(mode, n_iter, n_grad, n_subsets, n_rounds, T, block_len)
         if self.rec == 'none' or mode == 'plain':
-            return self._logits_loss(self.run_blocks(self.drop(self.wte(idx)), 0, self.config.n_layer - 1, range(T)), targets)
+            return self.head(self.run_blocks(self.drop(self.wte(idx)), 0, self.config.n_layer - 1, range(T)), targets)
         if mode in ('exact', 'zero', 'block'):
             out = self._sequential(idx, targets, {'exact': 1, 'zero': T, 'block': block_len}[mode], None, rec_mask)
         elif mode == 'jacobi':
@@ -377,8 +210,8 @@ class GPT(nn.Module):
         baseline). C = T: no state at all (mode 'zero': loss(zero) - loss(exact) is what it carries).
         Below and above the span run in parallel."""
         cache = KVCache(self.config.n_layer, idx.size(1)) if cache is None else cache
-        h, read, new = self._span_in_order(self._below(idx, cache), idx, C, cache, rec_mask)
-        return *self._above(h, self.state_input(read, rec_mask), cache, targets), new
+        h, read, new = self._span_in_order(self.below(idx, cache), idx, C, cache, rec_mask)
+        return *self.above(h, self.state_input(read, rec_mask), cache, targets), new
 
     def _span_in_order(self, x, idx, C, cache, rec_mask=None):
         # the span over x (B, T, d), C tokens at a time -> (h^(e), the states read, the states handed on), each (B, T, d)
@@ -395,7 +228,7 @@ class GPT(nn.Module):
         """One token through the span: x (B, 1, d) its input to block s, idx (B, 1) the token, state
         (B, 1, d) what the token before handed on. -> (h^(e), the state read, the state handed on).
         (A chunk: n tokens at once, x, idx, state (B, n, ...), the states each one reads.)"""
-        read = self._reset(state, idx, rec_mask)
+        read = self.reset(state, idx, rec_mask)
         h = self.run_blocks(x, self.s, self.e, pos, self.state_input(read, rec_mask), cache)
         return h, read, self.next_state(h, read, rec_mask)
 
@@ -405,7 +238,7 @@ class GPT(nn.Module):
         last n_grad with gradient; 3. a final pass, the span and the layers above. Exact after it:
         positions 0..D-1 (jacobi_init 'plain'), 0..D ('zero'), all ('exact')."""
         D, grad = n_iter, torch.is_grad_enabled()
-        x = self._below(idx)
+        x = self.below(idx)
         with torch.set_grad_enabled(grad and n_grad >= D):  # with gradient only when every pass has it
             state = self._jacobi_guess(x, idx, rec_mask, None, recompute)
         # iteration d has D-1-d left and carries gradient when that is <= n_grad. From the exact
@@ -427,18 +260,18 @@ class GPT(nn.Module):
         if self.config.jacobi_init == 'zero':
             return self._jacobi_step(x, idx, torch.zeros_like(x), rec_mask, cache, recompute)
         plain = torch.zeros(idx.shape, dtype=torch.bool, device=idx.device)  # no token reads a state
-        return self.shift_states(self.next_state(self._span(x, None, cache), None, plain), idx, rec_mask)
+        return self.shift_states(self.next_state(self.span(x, None, cache), None, plain), idx, rec_mask)
 
     def _jacobi_step(self, x, idx, state, rec_mask=None, cache=None, recompute=False):
         # one iteration: every token runs the span reading its guess (B, T, d) -> the next guess
-        h = self._span(x, self.state_input(state, rec_mask), cache, recompute)
+        h = self.span(x, self.state_input(state, rec_mask), cache, recompute)
         return self.shift_states(self.next_state(h, state, rec_mask), idx, rec_mask)
 
     def _jacobi_final(self, x, idx, state, targets, rec_mask=None, cache=None, recompute=False):
         # the final pass: the span and the layers above, reading the last guess (one StateIn for both)
         state_in = self.state_input(state, rec_mask)
-        h = self._span(x, state_in, cache, recompute)
-        return *self._above(h, state_in, cache, targets), self.next_state(h, state, rec_mask)
+        h = self.span(x, state_in, cache, recompute)
+        return *self.above(h, state_in, cache, targets), self.next_state(h, state, rec_mask)
 
     def _interleaved(self, idx, targets, n_subsets=2, n_rounds=1, rec_mask=None, recompute=False):
         """Interleaved subset refinement (DESIGN.md 7), subset i = positions t % S == i, refined R =
@@ -448,12 +281,12 @@ class GPT(nn.Module):
         (B, T), S = idx.shape, n_subsets
         run = self._refine if not (recompute and torch.is_grad_enabled()) else \
             lambda *args: checkpoint(self._refine, *args, use_reentrant=False)  # recomputed in backward
-        xs = self._below(idx)
+        xs = self.below(idx)
         # 1. init pass with zero memory; keep its keys/values and the states it hands on
         zero = torch.zeros_like(xs)
         h, out, kv = run(xs, zero, range(T), rec_mask, None)
         states = self.next_state(h, zero, rec_mask)  # (B, T, d) the latest state handed on by each token
-        logits, loss0 = self._logits_loss(out, targets)
+        logits, loss0 = self.head(out, targets)
         logits, losses = torch.empty_like(logits), [loss0]
         # 2. refine the subsets in order, R times over; each sees the states refined before it
         for _ in range(n_rounds):
@@ -462,7 +295,7 @@ class GPT(nn.Module):
                 st = self.shift_states(states, idx, rec_mask)[:, i::S]  # memory shift(h_latest) at subset i
                 h, out, kv = run(xs[:, i::S], st, range(i, T, S), mask, kv)
                 states = states.slice_scatter(self.next_state(h, st, mask), dim=1, start=i, end=T, step=S)
-                logits[:, i::S], loss_i = self._logits_loss(out, None if targets is None else targets[:, i::S])
+                logits[:, i::S], loss_i = self.head(out, None if targets is None else targets[:, i::S])
                 losses.append(loss_i)  # (a later round overwrites an earlier one's logits)
         return logits, None if targets is None else sum(losses) / len(losses), states  # 3. the mean of the pass losses
 
@@ -488,7 +321,7 @@ class GPT(nn.Module):
         tol, at most T iterations: exact by construction); 'plain' (no recurrence in the prompt)."""
         B, T = idx.shape
         if self.rec == 'none':
-            return self._logits_loss(self.run_blocks(self.wte(idx), 0, self.config.n_layer - 1, range(T), None, cache), None)[0], None, 0
+            return self.head(self.run_blocks(self.wte(idx), 0, self.config.n_layer - 1, range(T), None, cache), None)[0], None, 0
         if mode == 'exact':
             logits, _, states = self._sequential(idx, None, 1, cache)
             return logits, states[:, -1].contiguous(), T  # (B, d) laid out as decode_step's (a compiled step guards strides)
@@ -496,10 +329,10 @@ class GPT(nn.Module):
             h = self.run_blocks(self.wte(idx), 0, self.e, range(T), None, cache)
             plain = torch.zeros(B, 1, dtype=torch.bool, device=idx.device)
             state = self.next_state(h[:, -1:], None, plain)[:, 0]  # a plain token hands on its raw h^(e) (T2MLR)
-            return self._above(h, None, cache, None)[0], state, 0
+            return self.above(h, None, cache, None)[0], state, 0
         if mode != 'jacobi':
             raise ValueError(f"unknown prefill mode {mode!r}; expected 'exact', 'jacobi' or 'plain'")
-        x = self._below(idx, cache)
+        x = self.below(idx, cache)
         state, passes = self._jacobi_guess(x, idx, None, cache), 2  # the guess and the final pass
         for _ in range(0 if self.config.jacobi_init == 'exact' else (T if tol is not None else n_iter) - 1):
             new = self._jacobi_step(x, idx, state, None, cache)
@@ -518,53 +351,28 @@ class GPT(nn.Module):
         range(t, t + 1) (or the (1,) tensor [t]: engine.py); state: (B, d) from token t-1.
         -> (logits (B, 1, V), new state (B, d))."""
         check_decode_step(self.config, tok, pos, state, cache)
-        x = self.wte(tok)
-        if self.rec == 'none':
-            return self._logits_loss(self.run_blocks(x, 0, self.config.n_layer - 1, pos, None, cache), None)[0], None
-        read = self._reset(state[:, None], tok)
-        state_in = self.state_input(read)  # once per token, for every layer
-        h = self.run_blocks(x, 0, self.e, pos, state_in, cache)
-        x = self.run_blocks(h, self.e + 1, self.config.n_layer - 1, pos, state_in, cache)
-        return self._logits_loss(x, None)[0], self.next_state(h, read)[:, 0]
+        return super().decode_step(tok, pos, state, cache)
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, prefill='exact', prefill_iters=8,
-                 return_logits=False, generator=None, stop_token=None, on_token=None, prefill_tol=None):
-        """idx: (B, T0) prompts -> (B, T0 + max_new_tokens) tokens (return_logits: and the logits
-        of every next token). One forward pass per new token after the prefill. temperature 0 =
-        greedy; on_token(tokens so far) after each token; stop_token: stop once every row made it.
-        (engine.Engine.generate: the same loop over engine.py's compiled steps.)"""
+                 return_logits=False, generator=None, stop_token=None, on_token=None, runner=None, prefill_tol=None):
+        """model.GPT.generate, checked, with the prefill modes 'jacobi' (prefill_iters passes, or with
+        prefill_tol until no state moves by more than it) and 'plain'."""
         check_generate(self.config, idx, max_new_tokens, temperature, top_k, prefill, prefill_iters, prefill_tol)
-        B, T0 = idx.shape
-        cache = KVCache(self.config.n_layer, T0 + max_new_tokens)
-        logits, state, _ = self.prefill(idx, cache, prefill, prefill_iters, prefill_tol)
-        all_logits, out, done = [logits], [idx], torch.zeros(B, 1, dtype=torch.bool, device=idx.device)
-        for step in range(max_new_tokens):
-            tok = sample(logits[:, -1], temperature, top_k, generator)  # (B, 1)
-            out.append(tok)
-            if on_token is not None:
-                on_token(torch.cat(out, 1))
-            if stop_token is not None:
-                done |= tok == stop_token
-                if done.all():
-                    break
-            if step < max_new_tokens - 1:
-                logits, state = self.decode_step(tok, range(T0 + step, T0 + step + 1), state, cache)
-                all_logits.append(logits)
-        return (torch.cat(out, 1), torch.cat(all_logits, 1)) if return_logits else torch.cat(out, 1)
+        return super().generate(idx, max_new_tokens, temperature, top_k, prefill, prefill_iters, return_logits, generator,
+                                stop_token, on_token, runner, tol=prefill_tol)
 
     def param_groups(self, weight_decay, gate_lr_mult=1.0, rec_lr_mult=None):
         """model.GPT.param_groups, and: the recurrence's own parameters at lr_mult = rec_lr_mult (default
-        the config's; the retrofit recipe: 100), the gates that times gate_lr_mult; betas (0.9, beta2)."""
+        the config's; the retrofit recipe: 100), the gates that times gate_lr_mult."""
         groups = {}
         for name, p in self.named_parameters():
             if not p.requires_grad:
                 continue
-            rec, rec_lr_mult = self.is_rec_param(name), self.config.rec_lr_mult if rec_lr_mult is None else rec_lr_mult
-            mult = (rec_lr_mult if rec else 1.0) * (gate_lr_mult if p.dim() == 0 else 1.0)
+            rec = self.is_rec_param(name)
+            mult = ((self.config.rec_lr_mult if rec_lr_mult is None else rec_lr_mult) if rec else 1.0) * (gate_lr_mult if p.dim() == 0 else 1.0)
             wd = 0.0 if p.dim() < 2 else weight_decay
-            g = groups.setdefault((p.dim(), wd, mult), dict(params=[], weight_decay=wd, lr_mult=mult,  # by kind: resumable
-                                                            betas=(0.9, self.config.beta2)))
+            g = groups.setdefault((p.dim(), wd, mult), dict(params=[], weight_decay=wd, lr_mult=mult))  # by kind: resumable
             g['params'].append(p)
         return list(groups.values())
 

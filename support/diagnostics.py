@@ -21,6 +21,11 @@ import torch.nn.functional as F
 # -----------------------------------------------------------------------------
 # memory
 
+
+def masked(rec_mask):
+    """The forward's rec_mask keyword where there is a prompt mask (only lab/model_full.py takes one)."""
+    return {} if rec_mask is None else dict(rec_mask=rec_mask)
+
 def activation_bytes(fn, exclude=()):
     """Bytes of the tensors autograd holds for backward when fn() returns (its result kept alive
     until they are counted), once per storage, the storages of the tensors in exclude (a model's
@@ -120,7 +125,7 @@ def gate_stats(model, x, m=None, ctx=nullcontext()):
     was_training = model.training
     model.eval()
     with watch(model) as rec, ctx:
-        model(x, mode='exact', rec_mask=m)
+        model(x, mode='exact', **masked(m))
     model.train(was_training)
     mean = lambda t: (t if m is None else t[m]).double().mean().item()
     out = {'gates/state': mean(values(rec, 'state').double().norm(dim=-1))}
@@ -157,8 +162,8 @@ def trace_values(model, idx, labels=None, rec_mask=None):
     per reading layer, |gamma m| and |alpha x|), the exact and the zero-state prediction."""
     T = idx.size(1)
     with watch(model) as rec:
-        logits, _ = model(idx, mode='exact', rec_mask=rec_mask)
-    zero_logits, _ = model(idx, mode='zero', rec_mask=rec_mask)
+        logits, _ = model(idx, mode='exact', **masked(rec_mask))
+    zero_logits, _ = model(idx, mode='zero', **masked(rec_mask))
     prob = torch.softmax(logits[0].double(), -1)
     state = values(rec, 'state')[0]  # (T, d) the state each position read
     cols = {'pos': list(range(T)), 'token': idx[0].tolist(), 'state_norm': state.double().norm(dim=-1).tolist(),
@@ -274,7 +279,7 @@ def task_accuracy(model, X, Y, M=None, mode='exact', batch_size=256, ctx=nullcon
         y = torch.from_numpy(np.asarray(Y[i:i + batch_size], dtype=np.int64)).to(device)
         m = None if M is None else torch.from_numpy(np.asarray(M[i:i + batch_size], dtype=np.bool_)).to(device)
         with ctx:
-            logits = (engine or model)(x, mode=mode, rec_mask=m, **scheme)[0]
+            logits = (engine or model)(x, mode=mode, **masked(m), **scheme)[0]
         mask = y != -1
         loss_sum += F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-1, reduction='sum').item()
         right = (logits.argmax(-1) == y) & mask
@@ -317,7 +322,7 @@ def jacobi_profile(model, X, M=None, K=None, rtol=1e-3, batch_size=64):
         m = None if M is None else torch.from_numpy(np.asarray(M[i:i + batch_size], dtype=np.bool_)).to(device)
         exact_pred, _, exact_states = model._sequential(idx, None, 1, None, m)
         exact_pred, exact_states = exact_pred.argmax(-1), model.shift_states(exact_states, idx, m)  # the states read
-        x = model._below(idx)
+        x = model.below(idx)
         states = model._jacobi_guess(x, idx, m)  # D = 1: the guess alone; each D after it one iteration more
         prev = None
         for r in sums:

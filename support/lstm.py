@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+import model as textbook
 from lab.model_full import GPT, ce_loss
 from support.checks import check_fits, check_scheme
 
@@ -97,7 +98,7 @@ class LSTM(nn.Module):
     # generation: GPT.generate's loop over this model's prefill and decode_step; the state is the
     # LSTM's (h, c) stacked, (2, n_layer, B, H); the KV cache generate makes is unused
 
-    def prefill(self, idx, cache=None, *unused):
+    def prefill(self, idx, cache=None, *unused, **unused_kw):
         """The prompt (B, T) in one call -> (logits (B, T, V), the state after it, 0). The prefill
         modes of a GPT (jacobi, plain) do not apply: an LSTM's prompt is always run exactly."""
         y, (h, c) = self.lstm(self.wte(idx))
@@ -108,7 +109,10 @@ class LSTM(nn.Module):
         y, (h, c) = self.lstm(self.wte(tok), (state[0], state[1]))
         return self._logits_loss(y, None)[0], torch.stack([h, c])
 
-    generate = GPT.generate
+    generate = textbook.GPT.generate
+
+    def new_cache(self, B, max_len):  # an LSTM keeps no keys and values
+        return None
 
     def param_groups(self, weight_decay, gate_lr_mult=1.0, rec_lr_mult=None):
         """AdamW groups as GPT.param_groups makes them: decay on matrices (dim >= 2) only. There

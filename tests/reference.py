@@ -72,7 +72,7 @@ def mlp_weights(model, i):
 
 def fuse(model, h, R):
     f = model.fusion
-    r = R @ f.w_rec.weight.T if f.w_rec is not None else R
+    r = R @ f.w_rec.weight.T if isinstance(f.w_rec, torch.nn.Linear) else R  # (lab: rec_proj=False, r = R)
     hr = torch.cat([h, r], -1)
     sc = torch.sigmoid(hr @ f.f_cur.weight.T + f.f_cur.bias)
     sr = torch.sigmoid(hr @ f.f_rec.weight.T + f.f_rec.bias)

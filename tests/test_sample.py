@@ -1,8 +1,9 @@
 """sample.py and lab/evaluate.py: through their CLIs on tiny prepared datasets and checkpoints
 made here (no train.py): task data shown label by label (lab/evaluate.py, teacher-forced, true
-labels recomputed) and refused by sample.py, sample counts and lengths on a corpus,
---start=FILE:, one-line checkpoint and missing-dataset errors, eval_split; and the streaming
-loop gives exactly model.generate's tokens."""
+labels recomputed; sample.py, one forward pass per token: the exact forward's labels, of --start
+or a test row), sample counts and lengths on a corpus, --start=FILE:, one-line checkpoint,
+bad-symbol and missing-dataset errors, eval_split; and the streaming loop gives exactly
+model.generate's tokens."""
 
 import contextlib
 import dataclasses
@@ -18,7 +19,7 @@ import pytest
 import torch
 
 import prepare
-from model import GPT, GPTConfig
+from lab.model_full import GPT, GPTConfig
 from lab.evaluate import eval_split
 from sample import encode_prompt, read_prompt
 from support import dataset, tasks
@@ -90,6 +91,23 @@ def table(stdout):
     return rows
 
 
+def label_rows(stdout, chars=False):
+    """sample.py's label display on task data -> {'input': [...], 'model': [...], 'true': [...]}, the
+    rows of all its wrapped lines joined, and 'marks': the positions marked ^ (wrong). chars: the
+    task's symbols are one character each, shown without spaces."""
+    rows, marked, start = {}, [], 0
+    for line in stdout.splitlines():
+        key = line[:7].strip()
+        if key in ('input', 'model', 'true'):
+            start = len(rows.get('input', [])) if key == 'input' else start  # where this chunk starts
+            rows.setdefault(key, []).extend(list(line[7:]) if chars else line[7:].split())
+        elif line.startswith(' ' * 7) and '^' in line:
+            marked.append((start, line[7:]))
+    w = 1 if chars else max(len(x) for r in rows.values() for x in r) + 1  # a column: the widest symbol and a space
+    rows['marks'] = [a + i // w for a, line in marked for i, c in enumerate(line) if c == '^']
+    return rows
+
+
 def samples(stdout):
     blocks = stdout.split(SEP + '\n')
     assert blocks[-1] == ''
@@ -98,10 +116,11 @@ def samples(stdout):
 
 def test_task_data_is_shown_not_sampled(setup):
     root, data = setup
-    # sample.py refuses it in one line that names the script that shows it
+    # sample.py shows its labels, not samples; a sampling setting is refused in one line
     code, out, err = run_here(f'--out_dir={root}', '--start=0 1 1 0 1', '--num_samples=3', '--max_new_tokens=7')
-    assert code == 2 and not out and 'is labelled task data, not sampled' in error_line(err), err
-    assert 'python lab/evaluate.py --start=' in error_line(err)
+    assert code == 2 and not out and 'num_samples=3 applies to sampling' in error_line(err), err
+    code, out, err = run_here(f'--out_dir={root}', '--start=0 1 1 0 1')
+    assert code == 0 and SEP not in out and label_rows(out, chars=True)['true'] == list('01001'), err  # parity
     # the dataset comes from the checkpoint's config (data_root + dataset); the CLI once, for real
     r = run(f'--out_dir={root}', '--start=0 1 1 0 1', script=EVALUATE)
     assert r.returncode == 0, r.stderr
@@ -120,6 +139,166 @@ def test_task_data_is_shown_not_sampled(setup):
     code, _, err = run_here(f'--out_dir={root}', script=EVALUATE)
     assert code == 2 and error_line(err).startswith('error: the prompt is empty'), err
     assert '--start=' in error_line(err) and '--show_split=' in error_line(err)
+
+
+
+def opened(m):
+    """m with its T2MLR gates opened: at init tanh(g) = 0 and the exact forward is the plain one."""
+    if m.fusion is not None:
+        with torch.no_grad():
+            m.fusion.g_cur.fill_(1.0)
+            m.fusion.g_rec.fill_(3.0)
+    return m
+
+
+def checkpoint(m, name, root, path):
+    save_checkpoint({'model': m.state_dict(), 'model_args': dataclasses.asdict(m.config),
+                     'config': {'dataset': name, 'data_root': str(root)}}, path)
+    return path
+
+
+@pytest.fixture(scope='module')
+def z2(tmp_path_factory):
+    """A tiny s5 Z2 (parity) dataset with two test lengths, the longer not the last, and an
+    untrained T2MLR checkpoint of it with its gates opened."""
+    root = tmp_path_factory.mktemp('z2')
+    data = str(root / 's5_Z2')
+    prepare.main(['s5', '--group=Z2', '--n_train=8', '--n_val=4', '--n_test=3', '--train_len=8',
+                  '--test_lens=40,20', f'--out_dir={data}'])
+    return data, checkpoint(opened(tiny_gpt(2, seed=3)), 's5_Z2', root, str(root / 'ckpt.pt'))
+
+
+def exact_labels(path, ids, rec_mask=None):
+    """-> (argmax of the model's exact forward over ids, argmax of its plain forward)."""
+    from support.checkpoint import load_checkpoint
+    model, _ = load_checkpoint(path)
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        exact = model.eval()(x, mode='exact', rec_mask=rec_mask)[0].argmax(-1)[0].tolist()
+        plain = model(x, mode='plain')[0].argmax(-1)[0].tolist()
+    return exact, plain
+
+
+@pytest.fixture
+def passes(monkeypatch):
+    """Counts the GPTs' prefill calls (their mode and length) and decode_step calls: what sample.py
+    runs. Both model.py's GPT and the one checkpoints load as (support.checkpoint's) are counted."""
+    from support import checkpoint as ck
+    calls = {'prefill': [], 'decode_step': 0}
+
+    def counted(name, fn):
+        def prefill(self, idx, cache, mode='exact', *a, **kw):
+            calls['prefill'].append((mode, idx.size(1)))
+            return fn(self, idx, cache, mode, *a, **kw)
+
+        def decode_step(self, *a, **kw):
+            calls['decode_step'] += 1
+            return fn(self, *a, **kw)
+        return {'prefill': prefill, 'decode_step': decode_step}[name]
+    for cls in {GPT, getattr(ck, 'GPT', GPT)}:
+        for name in ('prefill', 'decode_step'):
+            if name in vars(cls):  # its own, not inherited: each call counted once
+                monkeypatch.setattr(cls, name, counted(name, vars(cls)[name]))
+    return calls
+
+
+def test_sample_shows_task_labels(z2, passes):
+    data, ckpt = z2
+    meta = dataset.load_meta(data)
+    # no --start: the first row of the longest test split, with its stored labels
+    code, out, err = run_here(f'--init_from={ckpt}')
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == 's5_Z2 test_40 row 0: 40 tokens, one forward pass each (KV cache + t2mlr state)'
+    assert max(map(len, lines)) <= 80 and sum(l.startswith('input ') for l in lines) == 1  # 40 bits: one line
+    x, y = dataset.load_split(data, 'test_40', meta)
+    ids, want = x[0].tolist(), y[0].tolist()
+    exact, plain = exact_labels(ckpt, ids)
+    assert exact != plain  # the state matters: a plain forward would show other labels
+    rows = label_rows(out, chars=True)
+    name = lambda ids: [meta['itos'][i] for i in ids]
+    assert rows['input'] == name(ids) and rows['true'] == name(want) and rows['model'] == name(exact)
+    wrong = [t for t in range(40) if exact[t] != want[t]]
+    assert rows['marks'] == wrong and wrong  # an untrained model: some wrong
+    assert lines[-1] == f'{40 - len(wrong)} of 40 right (^ = wrong)'
+    # as inference runs: a prefill of the first token, then one decode step per token
+    assert passes == {'prefill': [('exact', 1)], 'decode_step': 39}
+    # --start: bits, one a character, spaces allowed; the true labels: the parities so far
+    bits = '0110 1001 1101 0'
+    code, out, err = run_here(f'--init_from={ckpt}', f'--start={bits}')
+    assert code == 0, err
+    ids = [int(c) for c in bits.replace(' ', '')]
+    rows = label_rows(out, chars=True)
+    assert out.splitlines()[0] == 's5_Z2, --start: 13 tokens, one forward pass each (KV cache + t2mlr state)'
+    assert rows['input'] == list(bits.replace(' ', '')) and rows['true'] == [str(v) for v in np.cumsum(ids) % 2]
+    assert rows['model'] == name(exact_labels(ckpt, ids)[0])
+    # a longer input wraps at 80 columns, in lines of even length
+    ids = np.random.default_rng(0).integers(0, 2, size=90).tolist()
+    code, out, err = run_here(f'--init_from={ckpt}', '--start=' + ''.join(map(str, ids)))
+    assert code == 0, err
+    lines, rows = out.splitlines(), label_rows(out, chars=True)
+    assert max(map(len, lines)) <= 80 and [len(l) for l in lines if l.startswith('input')] == [7 + 45] * 2
+    assert rows['input'] == name(ids) and rows['model'] == name(exact_labels(ckpt, ids)[0])
+    assert rows['marks'] == [t for t in range(90) if rows['model'][t] != rows['true'][t]]
+    # the CLI once, for real, with the input from a file
+    path = os.path.join(os.path.dirname(ckpt), 'bits.txt')
+    with open(path, 'w') as f:
+        f.write('1 0 1\n1\n')
+    r = run(f'--init_from={ckpt}', f'--start=FILE:{path}')
+    assert r.returncode == 0, r.stderr
+    rows = label_rows(r.stdout, chars=True)
+    assert rows['input'] == list('1011') and rows['true'] == list('1101')
+    assert rows['model'] == name(exact_labels(ckpt, [1, 0, 1, 1])[0])
+
+
+def test_sample_task_bad_input_is_one_line(z2, s3):
+    data, ckpt = z2
+    for args, msg in ((['--start=01 20'], "error: --start: '2' is not a symbol of s5_Z2; its symbols "
+                                          "(one a character, spaces allowed): 0 1"),
+                      (['--start= '], "error: the prompt is empty: give s5_Z2's symbols"),
+                      (['--start=0110', '--temperature=0'], 'error: temperature=0.0 applies to sampling')):
+        code, out, err = run_here(f'--init_from={ckpt}', *args)
+        assert code == 2 and not out and error_line(err).startswith(msg), err
+        assert 'model:' not in err  # before any model is built
+    # symbols of more than one character: space-separated, and the message says so
+    code, out, err = run_here(f'--init_from={s3[1]["t2mlr"]}', '--start=012102')
+    assert code == 2 and not out, err
+    assert error_line(err) == "error: --start: '012102' is not a symbol of s5_S3; its symbols (space-separated): 012 021 102 120 201 210"
+
+
+
+def test_sample_task_lstm(z2, tmp_path, passes):
+    # an LSTM baseline runs the same loop (its prefill and decode_step: its own (h, c) state)
+    from support.lstm import LSTM, LSTMConfig
+    data, _ = z2
+    torch.manual_seed(0)
+    m = LSTM(LSTMConfig(block_size=64, vocab_size=2, n_layer=1, n_embd=8))
+    ckpt = checkpoint(m, 's5_Z2', os.path.dirname(data), str(tmp_path / 'lstm.pt'))
+    code, out, err = run_here(f'--init_from={ckpt}', '--start=0110100111')
+    assert code == 0, err
+    assert out.splitlines()[0] == 's5_Z2, --start: 10 tokens, one forward pass each (LSTM state)'
+    want = m.eval()(torch.tensor([[0, 1, 1, 0, 1, 0, 0, 1, 1, 1]]))[0].argmax(-1)[0].tolist()
+    assert label_rows(out, chars=True)['model'] == [str(i) for i in want]
+    assert passes == {'prefill': [], 'decode_step': 0}  # (GPT's: not called)
+
+@pytest.mark.parametrize('recurrence', ['t2mlr', 'lrt'])
+def test_sample_task_with_a_recurrence_mask(tmp_path, passes, recurrence):
+    # s5_retrieval (official layout): the recurrence is off on the dictionary and '|'; sample.py
+    # prefills that prefix plain in one call, then a decode step per token: the exact forward's labels
+    data = str(tmp_path / 'ret')
+    prepare.main(['s5_retrieval', '--group=S3', '--k=2', '--n_actions=4', '--test_actions=6', '--n_train=4',
+                  '--n_val=2', '--n_test=2', f'--out_dir={data}'])
+    meta = dataset.load_meta(data)
+    ckpt = checkpoint(opened(tiny_gpt(meta['vocab_size'], recurrence, seed=4)), 'ret', tmp_path, str(tmp_path / 'm.pt'))
+    code, out, err = run_here(f'--init_from={ckpt}')
+    assert code == 0, err
+    x, _ = dataset.load_split(data, 'test_6', meta)
+    mask = dataset.load_rec_mask(data, 'test_6', meta)[0].astype(bool)
+    cut = int((~mask).sum())
+    assert 0 < cut < len(mask) and not mask[:cut].any()
+    exact, _ = exact_labels(ckpt, x[0].tolist(), torch.tensor(mask[None]))
+    assert label_rows(out)['model'] == [meta['itos'][i] for i in exact]
+    assert passes == {'prefill': [('plain', cut)], 'decode_step': len(mask) - cut}
 
 
 @pytest.fixture(scope='module')

@@ -76,7 +76,7 @@ def test_zero_state_equals_explicit_zero_state(recurrence, kw):
         want = torch.stack([ref.full_model(model, ids, zeros)[0] for ids in idx])  # naive, state_in = 0
         # and run_blocks fed an explicit zero state, in parallel
         x = model.run_blocks(model.wte(idx), 0, model.config.n_layer - 1, range(11), model.state_input(torch.zeros(2, 11, 16, dtype=torch.float64)))
-        par, par_loss = model._logits_loss(x, y)
+        par, par_loss = model.head(x, y)
         exact, exact_loss = model(idx, y, mode='exact')
     torch.testing.assert_close(logits, want, atol=1e-10, rtol=0)
     torch.testing.assert_close(logits, par, atol=1e-10, rtol=0)
