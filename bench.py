@@ -19,7 +19,8 @@ import platform
 import statistics
 import time
 
-from configurator import check_out_file, compile_errors, configure, device_setup, fail
+from configurator import compile_errors, configure, device_setup, fail
+from support.dataset import check_out_file
 
 # -----------------------------------------------------------------------------
 # settings: every global below can be set by a config file or --key=value

@@ -1,13 +1,14 @@
 """
-Train the plain GPT, T2MLR or LRT, with the parallel training scheme of your choice (or the
-LSTM baseline, support/lstm.py: arch='lstm').
+Train the plain GPT, T2MLR or LRT of model.py, with the parallel training scheme of your choice.
 
 $ python train.py config/t2mlr_small.py
 $ torchrun --standalone --nproc_per_node=2 train.py config/t2mlr_small.py   # DDP: gloo on CPU, NCCL on GPUs
+$ python lab/train.py config/s3_lstm.py   # this file with the research model, lab/model_full.py: its
+                                          # options are settings too (rope, n_rounds, dropout, arch='lstm', ...)
 
 train_mode picks how the recurrence is made parallel for training (model.py; DESIGN.md 6, 7):
 'plain' (no recurrence), 'jacobi' (T2MLR's Jacobi iterations: n_iter, n_grad), 'interleaved'
-(LRT's strided subsets: n_subsets, n_rounds), 'block' (LRT's block-training baseline: block_len).
+(LRT's strided subsets: n_subsets); lab/train.py adds 'block' (LRT's block-training baseline).
 Every evaluation reports the loss under the training approximation, under the exact recurrence
 (what generation computes: judge recurrent models by it) and with the state forced to zero
 (the reliance gap zero - exact: how much the model uses its state).
@@ -15,6 +16,7 @@ docs/usage.md: what a run logs, "Reliability" (best.pt, the divergence guard, ex
 SIGINT/SIGTERM, the overwrite refusal) and "Retrofit a pretrained model" (init_from=<Llama>).
 """
 
+import inspect
 import json
 import math
 import os
@@ -22,7 +24,7 @@ import random
 import signal
 import time
 from contextlib import nullcontext
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from types import SimpleNamespace
 
 import numpy as np
@@ -30,60 +32,45 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from configurator import compile_errors, configure, dataclass_defaults, device_setup, fail
+from configurator import compile_errors, configure, device_setup, fail
 from engine import Engine
-from lab.model_full import GPT, GPTConfig
+from model import GPT, GPTConfig  # lab/train.py: this file with the research model (lab/model_full.py) as `model`
 from support.checkpoint import save_checkpoint
 from support.dataset import data_fingerprint, load_meta, load_rec_mask, load_split
-from support.diagnostics import eval_modes, gate_stats, task_accuracy
+from support.diagnostics import eval_modes, gate_stats, masked, task_accuracy
 from support.flops import flops_per_token
 from support.tasks import position_kinds
 from support.trainutil import (Batches, init_processes, make_out_dir, StepStats, StopRequest, check_config, check_data, check_step, init_model, model_args_from, nonfinite,
                                drop_previous_run, print_eval, restore_previous_run, restore_state, set_aside_previous_run, shutdown, stop_diverged, warn_state)
 
 # -----------------------------------------------------------------------------
-# default config values; override with a config file and/or --key=value. Every GPTConfig field
-# (model.py: n_layer, n_embd, rec_start, attn_window, jacobi_init, rec_scale_min, vocab_pad, ...)
-# is a setting too, by its name, with GPTConfig's default
+# default config values; override with a config file and/or --key=value (python train.py --help lists them)
 # I/O
-out_dir = 'out'
-eval_interval = 250      # steps between evaluations (and checkpoints)
+out_dir = 'out'          # the run's folder: ckpt.pt, best.pt, log.jsonl
+eval_interval = 250      # steps between evaluations (and checkpoints); step 0 is evaluated too
 log_interval = 10        # steps between train log lines
-eval_iters = 20          # batches for the approximate (training-scheme) losses
-eval_exact_iters = 4     # batches for the exact losses (token-by-token: slower)
-eval_examples = 1000     # task data: rows per split for accuracy / exact match
-eval_examples_mid = 0    # the same at the evaluations before the last (0: eval_examples): cheaper learning curves
-eval_batch_size = 256    # task data: rows per forward pass in that accuracy evaluation
+eval_iters = 20          # batches for the approximate losses (the exact ones, token by token: a fifth of them)
+eval_examples = 1000     # task data: rows per split for accuracy / exact match (a fifth before the last evaluation)
 eval_only = False        # evaluate init_from's model once, then exit
-eval_first = True        # also evaluate before the first step (lab/compare.py turns it off)
 init_from = 'scratch'    # 'scratch' | 'resume' (out_dir/ckpt.pt) | a Hugging Face Llama name or folder (retrofit)
 overwrite = False        # True: a new run may replace the run in out_dir (its ckpt.pt, best.pt, log.jsonl); else refused
 seed = 1337              # the weights' init, dropout and the batches' order
 # data (made by prepare.py)
-data_root = 'data'       # the folder of the datasets
-dataset = 's5_Z2'        # data_root/dataset: its meta.json and splits
+dataset = 's5_Z2'        # data/<dataset>, or a path to the folder: its meta.json and splits
 batch_size = 32          # micro-batch size per process
 block_size = 64          # tokens per sequence (token data); model context (task data: >= longest split)
 gradient_accumulation_steps = 1  # in total across processes
-# model (and every GPTConfig field, above)
-arch = 'gpt'             # 'gpt' | 'lstm' (the baseline, support/lstm.py: n_layer layers of hidden size n_embd; recurrence='none')
-recurrence = 't2mlr'     # 'none' | 't2mlr' | 'lrt' (GPTConfig's 'none' is the plain GPT a library user builds)
 # training scheme
-train_mode = 'jacobi'    # 'plain' | 'jacobi' | 'interleaved' | 'block'
+train_mode = 'jacobi'    # 'plain' | 'jacobi' | 'interleaved' (lab/train.py: 'block' too)
 n_iter = 8               # Jacobi: D iterations as in the official code (D+1 span passes: initial, D-1, final)
 n_grad = 4               # Jacobi: B, the last iterations that carry gradient (plus the final pass)
 n_subsets = 2            # interleaved: S
-n_rounds = 1             # interleaved: R rounds of the S refinements (exact positions 0..R*S-1 in training)
-block_len = 4            # block: C, the chunk length (the state reaches a chunk from the one before only)
-recompute = False        # activation checkpointing: the passes that keep a graph are recomputed in backward
-# optimizer
+# optimizer (AdamW, betas (0.9, 0.95))
 learning_rate = 1e-3     # peak learning rate (after warmup)
 max_iters = 2000         # training steps
 weight_decay = 0.1       # AdamW's, on matrices
-beta2 = 0.95             # AdamW's second-moment decay (beta1 is 0.9)
 grad_clip = 1.0          # clip the global gradient norm to this; 0 = off
-rec_lr_mult = 1.0        # lr multiplier of the recurrence's own parameters (retrofit: 100)
-gate_lr_mult = 1.0       # T2MLR: lr multiplier of the scalar gates g_cur, g_rec, on top of rec_lr_mult (docs/recipe.md)
+gate_lr_mult = 1.0       # T2MLR: lr multiplier of the scalar gates g_cur, g_rec (docs/recipe.md)
 warmup_iters = 100       # linear warmup steps, then cosine decay
 lr_decay_iters = -1      # the cosine reaches min_lr here; -1 = max_iters
 min_lr = 1e-4            # the learning rate at the end of the decay
@@ -91,16 +78,21 @@ min_lr = 1e-4            # the learning rate at the end of the decay
 device = 'cuda' if torch.cuda.is_available() else 'cpu'  # 'cpu' | 'cuda' | 'cuda:N'
 dtype = 'auto'           # 'auto' (bfloat16 on cuda, float32 on cpu) | 'float32' | 'bfloat16' | 'float16' | 'float64'
 compile = False          # torch.compile the model (and the exact evaluation's engine)
+# model: every GPTConfig field but block_size, vocab_size and reset_token (model.py: n_layer, n_embd, rec_start,
+# attn_window, jacobi_init, vocab_pad, ...; lab/train.py: lab/model_full.py's too) is a setting, GPTConfig's default
+model_keys = [f.name for f in fields(GPTConfig) if f.name not in ('block_size', 'vocab_size', 'reset_token')]
+assert not set(model_keys) & set(globals()), "a model field named as a training setting"
+globals().update({f.name: f.default for f in fields(GPTConfig) if f.name in model_keys})
+recurrence = 't2mlr'     # 'none' | 't2mlr' | 'lrt' (GPTConfig's 'none' is the plain GPT a library user builds)
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items()
                if not k.startswith('_') and isinstance(v, (int, float, bool, str, type(None)))]
-model_settings = dataclass_defaults(GPTConfig, leave_out=('block_size', 'vocab_size', 'reset_token', 'recurrence', 'n_rounds',
-                                                          'block_len', 'recompute', 'rec_lr_mult', 'arch'))  # train.py's own
-given = configure(globals(), config_keys, more=model_settings)  # model_settings: the GPTConfig fields set
+given = configure(globals(), config_keys, doc=__doc__)
 if dtype == 'auto':  # after the overrides: --device=cpu on a GPU machine means float32
     dtype = 'bfloat16' if device.startswith('cuda') else 'float32'
-config = {**{k: globals()[k] for k in config_keys}, **model_settings}
+config = {k: globals()[k] for k in config_keys}
 check_config(SimpleNamespace(**config))
+eval_exact_iters = max(1, eval_iters // 5)  # batches for the exact and zero-state losses (token by token: slower)
 # -----------------------------------------------------------------------------
 # processes and devices
 
@@ -118,8 +110,10 @@ stop_request = StopRequest()  # SIGINT/SIGTERM: save at the step boundary, then 
 # -----------------------------------------------------------------------------
 # data: token streams (language modelling) or fixed-length examples with aligned targets (tasks)
 
-data_dir = os.path.join(data_root, dataset)
+data_dir = os.path.join('data', dataset)  # (an absolute path stays itself)
 meta = load_meta(data_dir)  # a missing or broken dataset: one line (DataError)
+if meta.get('rec_mask') and 'rec_mask' not in inspect.signature(GPT.forward).parameters:  # prompt/response data
+    fail(f"dataset {dataset} has prompt masks (prompt/response data): train it with the research model, python lab/train.py")
 is_task = meta['format'] == 'examples'
 task_splits = [s for s in meta['splits'] if s != 'train'] if is_task else []
 batches = Batches(data_dir, meta, block_size, device)  # its memmaps: draw and fetch, below (support/trainutil.py)
@@ -146,7 +140,7 @@ ckpt_path = os.path.join(out_dir, 'ckpt.pt')   # the latest checkpoint
 best_path = os.path.join(out_dir, 'best.pt')   # the best by exact validation loss so far
 if master:
     make_out_dir(out_dir, ckpt_path, best_path)
-model, ckpt, model_args, pretrained = init_model(init_from, arch, model_args, meta, dataset, ckpt_path, master)
+model, ckpt, model_args, pretrained = init_model(init_from, model_args, meta, dataset, ckpt_path, master)
 if ckpt is not None:
     # the saved config records what runs: the checkpoint's model args (block_size stays
     # the config's: for token data it is the training sequence length)
@@ -163,9 +157,8 @@ raw_model = model  # unwrapped and uncompiled: eval, generation and checkpoints 
 recurrent = raw_model.config.recurrence != 'none'
 exact_guess = recurrent and train_mode == 'jacobi' and raw_model.config.jacobi_init == 'exact'
 exact_engine = Engine(raw_model) if compile and recurrent else None  # compiled exact eval
-groups = raw_model.param_groups(weight_decay, gate_lr_mult, rec_lr_mult)
-fused = device_type == 'cuda'
-optimizer = torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, beta2), fused=fused)
+groups = raw_model.param_groups(weight_decay, gate_lr_mult)  # (the research model's: rec_lr_mult from its config)
+optimizer = torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, 0.95), fused=device_type == 'cuda')
 if ckpt is not None:
     restore_state(ckpt, ckpt_path, optimizer, data_gen, device_type == 'cuda')
 scaler = torch.amp.GradScaler(device_type, enabled=ptdtype == torch.float16)
@@ -178,7 +171,7 @@ if ddp:
     unused = recurrent and train_mode == 'plain'
     model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None, find_unused_parameters=unused)
 
-scheme = dict(mode=train_mode, n_iter=n_iter, n_grad=n_grad, n_subsets=n_subsets, n_rounds=n_rounds, block_len=block_len)
+scheme = dict(mode=train_mode, n_iter=n_iter, n_grad=n_grad, n_subsets=n_subsets)  # the forward's (the lab's options: its config)
 flops_per_iter = flops_per_token(raw_model.config, seq_len, **scheme) * tokens_per_iter
 if master:
     n_rec = sum(p.numel() for n, p in raw_model.named_parameters() if GPT.is_rec_param(n))
@@ -205,7 +198,7 @@ def get_lr(it):
 
 @torch.inference_mode()
 def evaluate(final=True):
-    """Returns a dict of metrics (final=False: an intermediate evaluation, on eval_examples_mid
+    """Returns a dict of metrics (final=False: an intermediate evaluation, on a fifth of eval_examples
     rows). Runs on the raw model, never through the DDP wrapper (whose forward would start a
     collective only this process joins). With compile, the exact modes run through the
     engine (engine.py: the compiled span step)."""
@@ -224,7 +217,7 @@ def evaluate(final=True):
             for _ in range(n):
                 x, y, rec_mask = get_batch(split, batch_size, gen)
                 with autocast:
-                    losses.append((engine(mode) or raw_model)(x, y, rec_mask=rec_mask, **kw(mode))[1].item())
+                    losses.append((engine(mode) or raw_model)(x, y, **masked(rec_mask), **kw(mode))[1].item())
             out[f'{split}/loss_{tag}'] = sum(losses) / len(losses)
         if not recurrent:  # no state: exact and zero-state are the plain forward
             out[f'{split}/loss_exact'] = out[f'{split}/loss_zero'] = out[f'{split}/loss_approx']
@@ -235,9 +228,9 @@ def evaluate(final=True):
         for split in task_splits:
             X, Y = load_split(data_dir, split, meta)
             M = load_rec_mask(data_dir, split, meta)
-            n = min(len(X), eval_examples if final or eval_examples_mid < 1 else eval_examples_mid)
+            n = min(len(X), eval_examples if final else max(1, eval_examples // 5))
             for tag, mode in modes:
-                r = task_accuracy(raw_model, X[:n], Y[:n], None if M is None else M[:n], batch_size=eval_batch_size,
+                r = task_accuracy(raw_model, X[:n], Y[:n], None if M is None else M[:n], batch_size=256,
                                   ctx=autocast, kinds=position_kinds(meta, split), engine=engine(mode), **kw(mode))
                 out[f'{split}/acc_{tag}'], out[f'{split}/em_{tag}'] = r['acc'], r['em']
                 out.update({f'{split}/{k}_{tag}': v for k, v in r.items() if k.startswith('acc_')})  # s5_retrieval
@@ -284,8 +277,7 @@ try:
             for g in optimizer.param_groups:
                 g['lr'] = lr * g['lr_mult']
 
-            at_start = iter_num == 0 and not eval_first and not eval_only
-            if (iter_num % eval_interval == 0 or eval_only or iter_num == max_iters) and not at_start:
+            if iter_num % eval_interval == 0 or eval_only or iter_num == max_iters:
                 bad = []
                 if master:
                     metrics = evaluate(final=iter_num == max_iters or eval_only)
@@ -322,7 +314,7 @@ try:
                 if ddp:  # synchronise gradients on the last micro-step only
                     model.require_backward_grad_sync = micro == accum_local - 1
                 with autocast:
-                    _, loss = model(x, y, rec_mask=rec_mask, recompute=recompute, **scheme)
+                    _, loss = model(x, y, **masked(rec_mask), **scheme)
                     loss_sum = loss_sum + loss.detach()
                     loss = loss / accum_local
                 scaler.scale(loss).backward()

@@ -1,3 +1,4 @@
+# Runs with python lab/train.py config/lrt_shared_fineweb.py (the research model: mlp_hidden, rope_theta, lrt_inject).
 # LRT-shared at the same SmolLM2-135M shape and data as t2mlr_135m_fineweb.py: memory from
 # the upper-middle layer 18 of 30 (0-based 17, about 0.6 L as the paper's 12 of 20), injected
 # into every layer through the residual stream and each token's own key/value (one shared
@@ -35,6 +36,5 @@ warmup_iters = 500
 weight_decay = 0.1
 eval_interval = 500
 eval_iters = 40
-eval_exact_iters = 2
 log_interval = 10
 compile = True

@@ -19,6 +19,5 @@ learning_rate = 2e-3
 min_lr = 2e-4
 warmup_iters = 50
 eval_interval = 500
-eval_examples = 1000     # rows per test split for accuracy and exact match at the end ...
-eval_examples_mid = 200  # ... and at the evaluations before it
+eval_examples = 1000     # rows per test split for accuracy and exact match at the end (a fifth before it)
 log_interval = 50

@@ -1,8 +1,9 @@
+# Runs with python lab/train.py config/plain_135m_fineweb.py (the research model: rope_theta, mlp_hidden).
 # The plain GPT baseline for t2mlr_135m_fineweb.py and lrt_shared_fineweb.py: the same
 # SmolLM2-135M shape and data, no recurrence.
 # GPU. Data: python prepare.py fineweb_edu   (GPT-2 tokenizer, so the vocab is GPT-2's,
 # not SmolLM2's 49152; everything else is the SmolLM2-135M shape)
-# 8 GPUs: torchrun --standalone --nproc_per_node=8 train.py config/plain_135m_fineweb.py
+# 8 GPUs: torchrun --standalone --nproc_per_node=8 lab/train.py config/plain_135m_fineweb.py
 out_dir = 'out/plain_135m_fineweb'
 dataset = 'fineweb_edu'
 n_layer = 30

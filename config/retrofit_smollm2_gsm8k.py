@@ -1,9 +1,10 @@
+# Runs with python lab/train.py config/retrofit_smollm2_gsm8k.py (the research model: prompt masks, rec_lr_mult, ...).
 # Retrofit T2MLR into SmolLM2-1.7B-Instruct and fine-tune on GSM8K: the paper's retrofit
 # experiment, as far as it can be reconstructed (docs/usage.md, "Retrofit a pretrained
 # model", has the paper's numbers and says what is known and what is guessed). One GPU with bf16 (an H100/H200: ~27 GB for fp32
 # weights + AdamW, plus activations). Needs internet once (model, tokenizer, data are cached).
 #   python prepare.py gsm8k --tokenizer=HuggingFaceTB/SmolLM2-1.7B-Instruct
-#   python train.py config/retrofit_smollm2_gsm8k.py
+#   python lab/train.py config/retrofit_smollm2_gsm8k.py
 #   python lab/evaluate.py --out_dir=out/retrofit_smollm2_gsm8k --eval_answers=test --max_new_tokens=400 --dtype=bfloat16 --device=cuda
 # Control (same recipe, no recurrence): --recurrence=none --train_mode=plain --out_dir=out/smollm2_gsm8k_plain
 out_dir = 'out/retrofit_smollm2_gsm8k'
@@ -41,7 +42,5 @@ compile = False
 # and measure answers with lab/evaluate.py --eval_answers=test afterwards
 eval_interval = 100
 eval_iters = 10
-eval_exact_iters = 2
 eval_examples = 64
-eval_batch_size = 8
 log_interval = 10

@@ -1,3 +1,4 @@
+# Runs with python lab/train.py config/retrofit_tiny.py (the research model: prompt masks, rec_lr_mult, rec_gate_gain).
 # Retrofit T2MLR into a pretrained Llama and fine-tune it on prompt/response data: the whole
 # pipeline of config/retrofit_smollm2_gsm8k.py in miniature, on a 2-core CPU, offline.
 # The "pretrained" model is a tiny RANDOM Llama (4 layers, d=64) written by
@@ -5,7 +6,7 @@
 # together with its character tokenizer and the toy task it prepares as data/tiny_sums
 # (prompt '3+1+4=\n', response '3 4 8 #### 8': running sums mod 10, answer after '####';
 # 1000 distinct prompts: 900 train, 50 val, 50 test, no test prompt seen in training).
-# Then:  python train.py config/retrofit_tiny.py
+# Then:  python lab/train.py config/retrofit_tiny.py
 #        python lab/evaluate.py --out_dir=out/retrofit_tiny --eval_answers=test --max_new_tokens=16
 # The model starts random, so the learning rate is a
 # from-scratch one (3e-3), not the fine-tuning 1e-5 of the real recipe; the rest follows it.
@@ -29,6 +30,5 @@ warmup_iters = 20
 weight_decay = 0.0
 eval_interval = 200
 eval_iters = 4
-eval_exact_iters = 2
 eval_examples = 50
 log_interval = 20

@@ -24,5 +24,4 @@ min_lr = 2e-4
 warmup_iters = 50
 eval_interval = 250
 eval_examples = 1000
-eval_examples_mid = 200
 log_interval = 50

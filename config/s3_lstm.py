@@ -1,3 +1,4 @@
+# Runs with python lab/train.py config/s3_lstm.py (the research model's arch='lstm').
 # The LSTM baseline (support/lstm.py) on the S3 word problem, for the comparison with the GPT, T2MLR and
 # LRT at the same parameter count: 4 LSTM layers (as the 4-layer GPT) of hidden size 81, whose
 # embedding and tied head are 81 wide too: 222,912 parameters against the d=64 GPT's 221,760
@@ -22,5 +23,4 @@ min_lr = 1e-3
 warmup_iters = 50
 eval_interval = 250
 eval_examples = 1000
-eval_examples_mid = 200
 log_interval = 50

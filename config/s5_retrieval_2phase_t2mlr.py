@@ -1,3 +1,4 @@
+# Runs with python lab/train.py (the research model): S5-Retrieval's dictionary is read with the recurrence off (a prompt mask).
 # T2MLR on S5-Retrieval in the official layout (DESIGN.md 11; config/s5_retrieval_s3.py's rows: the
 # group S3, one value character per key, 32 moves in training, tested at 48 and 64), in two phases.
 # At each move the label is the running product of the moves so far (the state), at the slot after
@@ -6,8 +7,8 @@
 # each value at its move as well, which a GPT learns at once, and the slot's lookup comes with it;
 # phase 2 trains on the official labels, where the state is learned and the lookup kept.
 # Data: python prepare.py s5_retrieval --group=S3 --k=1 && python lab/relabel.py s5_retrieval_S3 --phase1=True
-# Phase 1: python train.py config/s5_retrieval_2phase_t2mlr.py --data_root=data/phase1 --max_iters=1000
-# Phase 2: python train.py config/s5_retrieval_2phase_t2mlr.py --init_from=resume
+# Phase 1: python lab/train.py config/s5_retrieval_2phase_t2mlr.py --dataset=phase1/s5_retrieval_S3 --max_iters=1000
+# Phase 2: python lab/train.py config/s5_retrieval_2phase_t2mlr.py --init_from=resume
 # The recipe of config/s5_retrieval_swap_t2mlr.py (exact training, the recurrent gate open at init,
 # 2e-3 after 50 warmup steps), one schedule over both phases.
 out_dir = 'out/s5_retrieval_2phase_t2mlr'
@@ -31,5 +32,4 @@ min_lr = 2e-4
 warmup_iters = 50
 eval_interval = 250
 eval_examples = 1000
-eval_examples_mid = 200  # rows per split at the evaluations before the last
 log_interval = 50

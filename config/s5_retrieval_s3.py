@@ -1,3 +1,4 @@
+# Runs with python lab/train.py config/s5_retrieval_s3.py (the research model: rope=False, rec_residual_detach).
 # S5-Retrieval at CPU scale, in the official layout (DESIGN.md 11; prepare.py s5_retrieval's default):
 # the group S3, one value character per key (k=1), 32 moves in training (rows of 77 tokens: a
 # dictionary of 6 keys, '|', 32 moves and their value slots), tested at 48 moves (109 tokens).
@@ -29,5 +30,4 @@ min_lr = 2e-4
 warmup_iters = 200
 eval_interval = 500
 eval_examples = 1000
-eval_examples_mid = 100
 log_interval = 50

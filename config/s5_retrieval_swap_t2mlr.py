@@ -1,3 +1,4 @@
+# Runs with python lab/train.py (the research model): S5-Retrieval's dictionary is read with the recurrence off (a prompt mask).
 # T2MLR on S5-Retrieval with each move's two labels exchanged (docs/evidence.md, "Both halves, one hop"):
 # the group S3, 32 moves in training, tested at 32 and 48; at each move the value its key has in the
 # row's dictionary, at the slot after it the running product of the moves so far (the state). The
@@ -29,5 +30,4 @@ min_lr = 2e-4
 warmup_iters = 50
 eval_interval = 250
 eval_examples = 1000
-eval_examples_mid = 200  # rows per split at the evaluations before the last
 log_interval = 50

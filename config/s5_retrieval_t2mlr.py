@@ -1,3 +1,4 @@
+# Runs with python lab/train.py config/s5_retrieval_t2mlr.py (the research model: rope=False, mlp_hidden, ...).
 # T2MLR on S5-Retrieval (the paper's synthetic benchmark, DESIGN.md 10) with the official recipe's
 # settings (princeton-pli/T2MLR scripts/s5_retrieval/train_s5_retrieval.sh; DESIGN.md 11): track a
 # running permutation of 5 elements AND copy the 4-character value the in-context dictionary holds
@@ -29,11 +30,8 @@ learning_rate = 5e-4
 min_lr = 5e-6            # cosine to min_lr_rate 0.01
 warmup_iters = 20000     # warmup_ratio 0.05
 weight_decay = 0.01
-beta2 = 0.95
 dtype = 'bfloat16'
 eval_interval = 10000
 eval_iters = 10
-eval_exact_iters = 2
 eval_examples = 1000
-eval_examples_mid = 200
 log_interval = 100

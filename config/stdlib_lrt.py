@@ -22,5 +22,4 @@ min_lr = 2e-4
 warmup_iters = 100
 eval_interval = 200
 eval_iters = 10
-eval_exact_iters = 4
 log_interval = 50

@@ -1,9 +1,10 @@
+# Runs with python lab/train.py config/t2mlr_135m_fineweb.py (the research model: rope_theta, mlp_hidden, rec_gate_gain).
 # T2MLR at the paper's pretraining scale (DESIGN.md 10): SmolLM2-135M shape, middle-layer
 # recurrence over layers 13-18 of 30 (1-based; here 0-based 12..17), Jacobi D=16, B=4,
 # FineWeb-Edu. The paper's numbers: docs/usage.md, "Paper-scale configs (GPU)".
 # GPU. Data: python prepare.py fineweb_edu   (GPT-2 tokenizer, so the vocab is GPT-2's,
 # not SmolLM2's 49152; everything else is the SmolLM2-135M shape)
-# 8 GPUs: torchrun --standalone --nproc_per_node=8 train.py config/t2mlr_135m_fineweb.py
+# 8 GPUs: torchrun --standalone --nproc_per_node=8 lab/train.py config/t2mlr_135m_fineweb.py
 out_dir = 'out/t2mlr_135m_fineweb'
 dataset = 'fineweb_edu'
 n_layer = 30
@@ -35,6 +36,5 @@ warmup_iters = 500
 weight_decay = 0.1
 eval_interval = 500
 eval_iters = 40
-eval_exact_iters = 2      # the exact recurrence runs the 6-layer span token by token
 log_interval = 10
 compile = True

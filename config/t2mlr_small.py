@@ -23,6 +23,5 @@ min_lr = 2e-4
 lr_decay_iters = 500     # the cosine reaches min_lr at step 500 and holds it: small steps once solved (docs/recipe.md)
 warmup_iters = 50
 eval_interval = 500
-eval_examples = 1000     # rows per test split for accuracy and exact match at the end ...
-eval_examples_mid = 200  # ... and at the evaluations before it
+eval_examples = 1000     # rows per test split for accuracy and exact match at the end (a fifth before it)
 log_interval = 50

@@ -37,7 +37,7 @@ def cut_every(model, k):
 
     def shift(self, states, idx, rec_mask=None):
         calls[0] += 1
-        out = plain(states, idx, rec_mask)
+        out = plain(states, idx, *([] if rec_mask is None else [rec_mask]))  # (model.py's GPT takes no mask)
         return out.detach() if k and calls[0] % k == 0 else out
     return types.MethodType(shift, model), calls
 
@@ -46,7 +46,7 @@ for path in paths:
     try:
         model, ck = load_checkpoint(path)
         c = ck['config']
-        data_dir = os.path.join(c['data_root'], c['dataset'])
+        data_dir = os.path.join(c.get('data_root', 'data'), c['dataset'])  # (train.py since issue 64: a path in dataset)
         meta = load_meta(data_dir)
         (X, Y), (Xv, Yv) = load_split(data_dir, 'train', meta), load_split(data_dir, 'val', meta)
     except (CheckpointError, DataError) as e:

@@ -5,9 +5,9 @@ same backbone size, trained on lengths 1..32 and judged with the EXACT recurrenc
 
 $ python prepare.py s5 --group=Z2 && python lab/compare.py
 
-Runs train.py once per (model, seed), one after another, each in its own out_dir
-under out_dir/, then writes out_dir/results.md, out_dir/results.json and
-out_dir/accuracy.png (if matplotlib is installed), and out_dir/gates.png: the gate
+Runs train.py once per (model, seed), one after another (lab/train.py for the arms that use the
+research model's options), each in its own out_dir under out_dir/, then writes out_dir/results.md,
+out_dir/results.json and out_dir/accuracy.png (if matplotlib is installed), and out_dir/gates.png: the gate
 statistics each run logs during training (with train.py's log lines), i.e. how the
 recurrence switches on from identity. A run whose final evaluation is already in its
 log is not run again, so an interrupted comparison picks up where it stopped.
@@ -15,7 +15,7 @@ log is not run again, so an interrupted comparison picks up where it stopped.
 $ python prepare.py s5 --group=S3 && python lab/compare.py --dataset=s5_S3 --curve_interval=250 \
       --out_dir=out/compare_S3 --results_dir=lab/results/evidence/s5_S3
 
-also evaluates every 250 steps (on fewer rows) and draws curves.png, the exact-recurrence
+also evaluates every 250 steps (on 200 rows a split: train.py's fifth of eval_examples) and draws curves.png, the exact-recurrence
 loss and exact match against training steps, and writes the tables and plots to
 results_dir instead of out_dir (the runs themselves stay in out_dir).
 
@@ -45,7 +45,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root: its modules are top level
-from configurator import check_out_folder, configure, fail, parse_value, read_config  # noqa: E402
+from configurator import configure, fail, parse_value, read_config  # noqa: E402
+from support.dataset import check_out_folder  # noqa: E402
 from stats import endpoints, med_range, rank_test  # noqa: E402  (lab/stats.py, beside this script)
 
 # -----------------------------------------------------------------------------
@@ -57,8 +58,7 @@ seeds = '1,2'
 max_iters = 1500
 extra = ''               # more --key=value for every run, space separated
 quick = False            # a tiny end-to-end run for the tests
-curve_interval = 0       # > 0: also evaluate every so many steps (exact EM on curve_examples rows) -> curves.png
-curve_examples = 200     # rows per test split at those intermediate evaluations (the last one uses 1000)
+curve_interval = 0       # > 0: also evaluate every so many steps (exact EM on 200 rows a split) -> curves.png
 results_dir = ''         # where results.md/.json and the plots go ('' = out_dir), e.g. lab/results/evidence/s5_S3
 reliance = False         # only the reliance table from the runs' checkpoints (no training)
 target = 0.9             # tasks: the table counts the seeds whose exact match at the longest length reaches this
@@ -101,11 +101,7 @@ MODELS = {
     # not the 32-step chain whose bursts throw runs back), and no init pass in the loss. LRT on S3 under this scheme
     # escapes earlier than under its exact one and never sees a large gradient (docs/recipe.md)
     't2mlr_j32b1': ['config/t2mlr_small.py', '--jacobi_init=plain', '--n_iter=32'],  # the same, iterated to the exact states
-    # AdamW's second moment over ~1000 steps instead of ~20: a solved model's bursts meet the memory of
-    # the escape's gradients instead of a near-zero v, so they are not blown up to full-size steps
-    't2mlr_b2': ['config/t2mlr_small.py', '--beta2=0.999'],
-    # between the two: a memory of ~100 steps, past the ~10 of the first moment and a burst's length
-    't2mlr_b299': ['config/t2mlr_small.py', '--beta2=0.99'],
+    # (t2mlr_b2 and t2mlr_b299, AdamW's beta2 at 0.999 and 0.99, went with the beta2 setting in issue 64: git history)
     # the learning rate after the escape: the cosine reaches min_lr (2e-4) at step 750 or 500 instead of
     # 1500, and stays there (runs escape at steps 250-700; the throw-backs come 100-300 steps later)
     't2mlr_decay750': ['config/t2mlr_small.py', '--lr_decay_iters=750'],
@@ -181,7 +177,7 @@ MODELS = {
 # the papers' ablations in miniature (docs/ablations.md): stdlib_char at 6 layers, so that "middle"
 # and "mid-upper" mean something, context 128 and 500 steps, so that a run is minutes of one core
 AB6 = ['config/stdlib_plain.py', '--n_layer=6', '--block_size=128', '--max_iters=500', '--warmup_iters=50',
-       '--eval_interval=250', '--eval_exact_iters=2']
+       '--eval_interval=250']
 T2_AB6 = [*AB6, '--recurrence=t2mlr', '--train_mode=jacobi', '--n_iter=4', '--n_grad=2']  # stdlib_t2mlr.py's scheme
 LRT_AB6 = [*AB6, '--recurrence=lrt', '--rec_start=0', '--train_mode=interleaved', '--n_subsets=2']  # stdlib_lrt.py's
 MODELS.update({
@@ -215,9 +211,11 @@ for n in names:
         fail(f"unknown model {n!r}; expected some of {', '.join(MODELS)} (or A@B: A at B's training compute)")
 meta = json.load(open(os.path.join(data_root, dataset, 'meta.json'))) if os.path.isfile(
     os.path.join(data_root, dataset, 'meta.json')) else fail(f"no dataset {data_root}/{dataset}: run prepare.py first")
+# train.py reads data/<dataset> or a path: this dataset of data_root
+train_dataset = dataset if os.path.normpath(data_root) == 'data' else os.path.abspath(os.path.join(data_root, dataset))
 escape_at = escape_loss or {'s5_Z2': 0.2, 's5_S3': 0.5}.get(dataset, 0.3 * math.log(meta['vocab_size']))
 text = meta['format'] == 'tokens'  # language modelling: each config's own max_iters, bits per character
-quick_args = ['--device=cpu', '--n_embd=16', '--n_head=2', '--n_kv_head=2', '--batch_size=4', '--eval_iters=1', '--eval_exact_iters=1',
+quick_args = ['--device=cpu', '--n_embd=16', '--n_head=2', '--n_kv_head=2', '--batch_size=4', '--eval_iters=1',
               '--eval_examples=16', '--log_interval=1'] if quick else []
 
 
@@ -239,6 +237,19 @@ def config_value(name, key, default):
         elif arg.startswith(f'--{key}='):
             default = parse_value(arg.split('=', 1)[1])  # as train.py's configurator reads it
     return default
+
+
+def research(name):
+    """Whether model name runs on the research model (lab/train.py): its config files or flags (or --extra's)
+    set one of lab/model_full.py's own options or train_mode='block', or the data has prompt masks."""
+    import model as textbook
+    from lab.model_full import GPTConfig
+    own = set(GPTConfig.__dataclass_fields__) - set(textbook.GPTConfig.__dataclass_fields__)
+    keys = set()
+    for arg in MODELS[name.split('@')[0]] + extra.split():
+        keys |= set(read_config(os.path.join(here, arg))) if arg.endswith('.py') else {arg[2:].split('=')[0]}
+    mode = next((a.split('=', 1)[1] for a in reversed(extra.split()) if a.startswith('--train_mode=')), None)
+    return bool(keys & own) or (mode or config_value(name, 'train_mode', 'jacobi')) == 'block' or bool(meta.get('rec_mask'))
 
 
 def steps_of(name):
@@ -292,13 +303,12 @@ def run(name, seed):
     for f in ('log.jsonl', 'test_eval.json'):  # the interrupted (or other --max_iters) run's: its test bits are not the new one's
         if os.path.exists(os.path.join(run_dir, f)):
             os.remove(os.path.join(run_dir, f))
-    cmd = [sys.executable, os.path.join(here, 'train.py')] + [os.path.join(here, a) if a.endswith('.py') else a
-                                                             for a in MODELS[name.split('@')[0]]]
+    script = os.path.join(here, 'lab', 'train.py') if research(name) else os.path.join(here, 'train.py')
+    cmd = [sys.executable, script] + [os.path.join(here, a) if a.endswith('.py') else a for a in MODELS[name.split('@')[0]]]
     every = curve_interval if curve_interval > 0 else config_value(name, 'eval_interval', steps) if text else steps
-    cmd += [f'--data_root={data_root}', f'--dataset={dataset}', f'--out_dir={run_dir}', f'--seed={seed}',
+    cmd += [f'--dataset={train_dataset}', f'--out_dir={run_dir}', f'--seed={seed}',
             f'--max_iters={steps}', f'--eval_interval={every}',  # the schedule: the config's (-1: over max_iters)
-            '--eval_first=False', '--eval_examples=1000', f'--eval_examples_mid={curve_examples}',
-            '--overwrite=True'] + quick_args + extra.split()
+            '--eval_examples=1000', '--overwrite=True'] + quick_args + extra.split()
     print(f"{name} seed {seed}: {' '.join(cmd[1:])}", flush=True)
     t0 = time.time()
     os.makedirs(run_dir, exist_ok=True)
@@ -552,7 +562,8 @@ def text_report(results):
                 # the exact recurrence over 0.5M tokens takes minutes
                 model, ck = load_checkpoint(os.path.join(run_dir, 'ckpt.pt'))
                 cfg, bits = ck['config'], {}
-                scheme = {k: cfg.get(k, 1) for k in ('n_iter', 'n_grad', 'n_subsets', 'n_rounds', 'block_len')}
+                scheme = {k: cfg.get(k, 1) for k in ('n_iter', 'n_grad', 'n_subsets')}
+                scheme.update({k: cfg[k] for k in ('n_rounds', 'block_len') if k in cfg})  # the research model's
                 for tag, mode in eval_modes(cfg['train_mode'], model.config.recurrence != 'none'):
                     bits[tag] = corpus_loss(model.eval(), test, cfg['block_size'], mode, max_windows=test_windows,
                                             **scheme)[0] / ln2

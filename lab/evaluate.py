@@ -55,11 +55,11 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from configurator import check_out_file, configure, device_setup, fail
+from configurator import configure, device_setup, fail
 from sample import encode_prompt, read_prompt
 from support import diagnostics
 from support.checkpoint import check_run_settings, find_data, finish_model, load_model, refuse_for_lstm
-from support.dataset import get_tokenizer, load_answers, load_rec_mask, load_split, short
+from support.dataset import check_out_file, get_tokenizer, load_answers, load_rec_mask, load_split, short
 from support.diagnostics import corpus_loss, eval_modes, plot_trace, task_accuracy, trace_values
 from support.sft import extract_answer
 from support.tasks import position_kinds, task_labels, task_rec_mask
@@ -88,8 +88,8 @@ def eval_split(model, data_dir, meta, split, batch_size=64, ctx=nullcontext(), t
     length and scheme that train_config (the checkpoint's config) records -> {tag: bits}."""
     train_config = train_config or {}
     if meta['format'] != 'examples':
-        scheme = {k: train_config.get(k, d) for k, d in (('n_iter', 8), ('n_grad', 4), ('n_subsets', 2),
-                                                          ('n_rounds', 1), ('block_len', 1))}
+        scheme = {k: train_config.get(k, d) for k, d in (('n_iter', 8), ('n_grad', 4), ('n_subsets', 2))}
+        scheme.update({k: train_config[k] for k in ('n_rounds', 'block_len') if k in train_config})  # the research model's
         scheme['mode'] = train_config.get('train_mode', 'plain')
         T = min(train_config.get('block_size') or model.config.block_size, model.config.block_size)
         return eval_corpus(model, data_dir, meta, split, batch_size, ctx, scheme, T)
@@ -188,7 +188,7 @@ def show_labels(model, ids, labels, name, title, ctx=nullcontext(), meta=None):
     device = model.lm_head.weight.device
     idx = torch.tensor([ids], dtype=torch.long, device=device)  # (1, T)
     with ctx:
-        logits, _ = model(idx, mode='exact', rec_mask=rec_mask(meta, ids, device))  # a model without recurrence: plain
+        logits, _ = model(idx, mode='exact', **diagnostics.masked(rec_mask(meta, ids, device)))  # no recurrence: plain
     pred = logits[0].argmax(-1).tolist()
     how = f"exact recurrence ({model.config.recurrence}, mode='exact')" if rec else "plain forward (no recurrence)"
     print(f"{title}: {len(ids)} tokens, teacher-forced, one forward, {how}")

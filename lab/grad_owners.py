@@ -23,7 +23,7 @@ for run in sys.argv[1:]:
     try:
         model, ck = load_checkpoint(os.path.join(run, 'ckpt.pt'))
         c = ck['config']
-        data_dir = os.path.join(c['data_root'], c['dataset'])
+        data_dir = os.path.join(c.get('data_root', 'data'), c['dataset'])  # (train.py since issue 64: a path in dataset)
         X, Y = load_split(data_dir, 'train', load_meta(data_dir))
     except (CheckpointError, DataError) as e:
         fail(str(e))
@@ -34,7 +34,7 @@ for run in sys.argv[1:]:
         x, y = (torch.from_numpy(a[rows].astype(np.int64)) for a in (X, Y))
         model.zero_grad()
         _, loss = model(x, y, mode=c['train_mode'], n_iter=c['n_iter'], n_grad=c['n_grad'], n_subsets=c['n_subsets'],
-                        n_rounds=c.get('n_rounds', 1))
+                        **{k: c[k] for k in ('n_rounds',) if k in c})  # (the research model's; else its config's)
         loss.backward()
         per = {n: p.grad.norm().item() for n, p in model.named_parameters() if p.grad is not None}
         top = max(per, key=per.get)

@@ -11,7 +11,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configurator.py: one folder up
-from configurator import check_out_file, configure, fail
+from configurator import configure, fail
+from support.dataset import check_out_file
 
 # -----------------------------------------------------------------------------
 results = ''            # the JSON files (comma-separated) that bench.py and lab/prefill.py wrote with --out

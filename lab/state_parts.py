@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from configurator import fail  # noqa: E402
 from support.checkpoint import CheckpointError, load_checkpoint  # noqa: E402
 from support.dataset import DataError, load_meta, load_rec_mask, load_split  # noqa: E402
+from support.diagnostics import masked  # noqa: E402
 from support.tasks import make_group, position_kinds  # noqa: E402
 
 
@@ -48,7 +49,7 @@ def predict(model, X, M, batch_size=100):
     for i in range(0, len(X), batch_size):
         x = torch.from_numpy(np.asarray(X[i:i + batch_size], dtype=np.int64))
         m = None if M is None else torch.from_numpy(np.asarray(M[i:i + batch_size], dtype=np.bool_))
-        out.append(model(x, mode='exact', rec_mask=m)[0].argmax(-1).numpy())
+        out.append(model(x, mode='exact', **masked(m))[0].argmax(-1).numpy())
     return np.concatenate(out)
 
 

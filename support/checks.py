@@ -47,7 +47,13 @@ def check_model_config(c):
     for ok, msg in rules:
         if not ok:
             raise ValueError(f"GPTConfig: {msg}")
-    kv = c.n_kv_head * hd  # the parameters: embedding (and head), attention, SwiGLU
+    check_gpt_size(c)
+
+
+def check_gpt_size(c):
+    """check_fits for a GPTConfig (model.py's or lab/model_full.py's): its parameters, embedding (and head),
+    attention, SwiGLU."""
+    L, kv = c.n_layer, c.n_kv_head * (c.n_embd // c.n_head)
     n = c.padded_vocab * c.n_embd * (1 if c.tie_embeddings else 2) + L * c.n_embd * (2 * c.n_embd + 2 * kv + 3 * c.mlp_hidden)
     check_fits(f"GPTConfig: n_layer={L}, n_embd={c.n_embd}, mlp_hidden={c.mlp_hidden}, vocab_size={c.vocab_size}", n)
 

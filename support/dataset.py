@@ -293,6 +293,42 @@ def missing_folder(name):
                                         or os.path.exists(path))
 
 
+def check_out_file(key, path):
+    """An output file a script writes at the end (a picture, a JSON): its folder must exist and be
+    writable, and the path must not be a folder, or minutes of work end in a traceback. Checked at
+    start-up; one line naming the flag otherwise (bench.py, lab/plot.py, lab/evaluate.py)."""
+    from configurator import fail
+    if not path:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        fail(f"{key}={path} is a folder: give a file name")
+    if not os.path.isdir(folder):
+        fail(f"{key}={path}: the folder {folder} does not exist (create it first)")
+    if not os.access(folder, os.W_OK):
+        fail(f"{key}={path}: the folder {folder} is not writable")
+
+
+def check_out_folder(key, path):
+    """A folder a script writes into at the end (creating it if need be; lab/compare.py): it must be a
+    folder, or creatable, on a writable disk. Checked at start-up by writing a probe file into the
+    nearest folder that exists (os.access says yes to root on a read-only disk); nothing is created."""
+    import tempfile
+    from configurator import fail
+    if os.path.exists(path) and not os.path.isdir(path):
+        fail(f"{key}={path} is a file, not a folder")
+    up = os.path.abspath(path)
+    while not os.path.exists(up):
+        up = os.path.dirname(up)
+    if not os.path.isdir(up):
+        fail(f"{key}={path}: cannot create it ({up} is a file)")
+    try:
+        with tempfile.TemporaryFile(dir=up):
+            pass
+    except OSError as e:
+        fail(f"{key}={path}: cannot write into {up} ({e.strerror})")
+
+
 def hf_tokenizer(name):
     """transformers.AutoTokenizer from a Hub name or a local folder; every failure is one line."""
     try:

@@ -19,10 +19,10 @@ def rec_flops(c):
     """Forward FLOPs per token the recurrence adds (T2MLR's fusion, or LRT's projections and gates)."""
     d, dkv = c.n_embd, c.n_kv_head * (c.n_embd // c.n_head)
     if c.recurrence == 't2mlr':
-        return 2 * ((d * d if c.rec_proj else 0) + 2 * (2 * d) * d)  # W_rec + f_cur + f_rec
-    if c.recurrence == 'lrt' and c.lrt_inject != 'residual':
+        return 2 * ((d * d if getattr(c, 'rec_proj', True) else 0) + 2 * (2 * d) * d)  # W_rec + f_cur + f_rec
+    if c.recurrence == 'lrt' and getattr(c, 'lrt_inject', 'both') != 'residual':  # (model.py's: always both)
         n_read = c.n_layer - c.rec_start
-        gate_in = c.lrt_gate_channels or d
+        gate_in = getattr(c, 'lrt_gate_channels', 0) or d
         return 2 * 2 * d * dkv * (1 if c.lrt_shared else n_read) + 2 * gate_in * 2 * c.n_kv_head * n_read  # W_fb, W_g
     return 0
 
@@ -33,10 +33,12 @@ def lstm_flops(c):
     return c.n_layer * 2 * 4 * (2 * c.n_embd) * c.n_embd + 2 * c.n_embd * c.padded_vocab
 
 
-def flops_per_token(c, T, mode='plain', n_iter=8, n_grad=4, n_subsets=2, train=True, n_rounds=1, block_len=1):
-    """c: a GPTConfig (or an LSTMConfig). FLOPs per token of one step over sequences of T tokens: the forward, plus
-    with train the backward at 2x the forward of every pass that carries gradient. (block_len:
-    taken so that a scheme dict passes whole; block training's cost does not depend on it.)"""
+def flops_per_token(c, T, mode='plain', n_iter=8, n_grad=4, n_subsets=2, train=True, n_rounds=None, block_len=1):
+    """c: a GPTConfig (model.py's or lab/model_full.py's) or an LSTMConfig. FLOPs per token of one step over
+    sequences of T tokens: the forward, plus with train the backward at 2x the forward of every pass that
+    carries gradient. n_rounds: None = the config's (lab/model_full.py's; 1 else). (block_len: taken so that
+    a scheme dict passes whole; block training's cost does not depend on it.)"""
+    n_rounds = getattr(c, 'n_rounds', 1) if n_rounds is None else n_rounds
     if getattr(c, 'arch', 'gpt') == 'lstm':  # the baseline: one forward, whatever the mode
         return lstm_flops(c) * (3 if train else 1)
     L, lf, hf = c.n_layer, layer_flops(c, T), 2 * c.n_embd * c.padded_vocab

@@ -2,7 +2,7 @@
 The LSTM baseline: the recurrent network the T2MLR paper sets against T2MLR on S5-Retrieval
 (DESIGN.md 10: "Transformer and LSTM fail"), built as the official code builds it, and trained,
 evaluated and sampled through the same train.py, lab/compare.py, lab/evaluate.py and sample.py as the GPT
-(train.py --arch=lstm: n_layer and n_embd are its layers and its hidden size).
+(lab/train.py --arch=lstm: n_layer and n_embd are its layers and its hidden size).
 
 The official model: princeton-pli/T2MLR at 4510e81, src/modeling/rnnlm.py (RNNLMForCausalLM):
   l.74       an embedding as wide as the hidden size (no separate embedding width)

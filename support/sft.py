@@ -271,7 +271,7 @@ def prepare_tiny_retrofit_demo(cfg):
     then prepares the JSONL exactly like
         python prepare.py jsonl --input=<out_dir>/sums.jsonl --tokenizer=<out_dir>/llama --name=tiny_sums --max_len=64
     into data/tiny_sums (next to out_dir when one is given), so that
-    `python train.py config/retrofit_tiny.py` runs next. Offline, no download."""
+    `python lab/train.py config/retrofit_tiny.py` runs next. Offline, no download."""
     try:
         import transformers  # noqa: F401
     except ImportError:

@@ -16,7 +16,6 @@ import numpy as np
 import torch
 
 from configurator import fail
-from lab.model_full import GPTConfig
 from support.checks import check_scheme
 from support.dataset import load_rec_mask, load_split
 
@@ -30,15 +29,31 @@ from support.dataset import load_rec_mask, load_split
 IDLE_SCHEME = dict(n_subsets=(2, 'interleaved'), n_rounds=(1, 'interleaved'), block_len=(4, 'block'))
 
 
+def the_model():
+    """The module of the model train.py trains: model.py, or lab/model_full.py under lab/train.py (which
+    runs train.py with it as the module `model`), looked up when called."""
+    import model
+    return model
+
+
+def the_config_class():
+    return the_model().GPTConfig
+
+
 def check_config(c):
     """The training settings alone (c: the config, attributes), before any data is read or model
     built. The model's own settings are checked by GPTConfig; the checks that need the data follow
-    its loading (check_data)."""
+    its loading (check_data). The research model's options (lab/train.py: arch, n_rounds, block_len,
+    recompute, rec_lr_mult) are checked where the config has them."""
+    lab = hasattr(c, 'block_len')  # the research model's settings (lab/train.py)
     if c.train_mode not in ('plain', 'jacobi', 'interleaved', 'block'):
-        fail(f"unknown train_mode {c.train_mode!r}; expected 'plain', 'jacobi', 'interleaved' or 'block'")
-    if c.arch not in ('gpt', 'lstm'):
+        fail(f"unknown train_mode {c.train_mode!r}; expected 'plain', 'jacobi' or 'interleaved'" + (" or 'block'" if lab else ''))
+    if c.train_mode == 'block' and not lab:
+        fail("train_mode='block' (LRT's block training) is the research model's: python lab/train.py ...")
+    arch = getattr(c, 'arch', 'gpt')
+    if arch not in ('gpt', 'lstm'):
         fail(f"unknown arch {c.arch!r}; expected 'gpt' or 'lstm'")
-    if c.arch == 'lstm' and (c.recurrence != 'none' or c.init_from not in ('scratch', 'resume')):
+    if arch == 'lstm' and (c.recurrence != 'none' or c.init_from not in ('scratch', 'resume')):
         fail("arch='lstm' (the LSTM baseline) has no latent recurrence and no pretrained weights: "
              "set recurrence='none' train_mode='plain', init_from 'scratch' or 'resume'")
     if c.recurrence == 'none' and c.train_mode != 'plain':
@@ -46,18 +61,18 @@ def check_config(c):
     if c.dtype not in ('float32', 'bfloat16', 'float16', 'float64'):
         fail(f"unknown dtype {c.dtype!r}")
     try:
-        check_scheme(c.train_mode, c.n_iter, c.n_grad, c.n_subsets, c.n_rounds, block_len=c.block_len)
+        check_scheme(c.train_mode, c.n_iter, c.n_grad, c.n_subsets, getattr(c, 'n_rounds', 1), block_len=getattr(c, 'block_len', 1))
     except ValueError as e:
         fail(str(e))
     for k in ('batch_size', 'block_size', 'gradient_accumulation_steps', 'eval_interval', 'log_interval',
-              'eval_iters', 'eval_exact_iters', 'eval_examples', 'eval_batch_size'):
+              'eval_iters', 'eval_examples'):
         if getattr(c, k) < 1:
             fail(f"{k}={getattr(c, k)}: must be >= 1")
     for k in ('learning_rate', 'min_lr', 'max_iters', 'warmup_iters', 'grad_clip', 'weight_decay', 'gate_lr_mult'):
         if not 0 <= getattr(c, k) < math.inf:  # nan and inf pass a `< 0` check, then "diverge" at step 1
             fail(f"{k}={getattr(c, k)}: must be >= 0 and finite")
     for k, (default, mode) in IDLE_SCHEME.items():  # a scheme setting another train_mode reads would do nothing
-        if getattr(c, k) == default or c.train_mode == mode:
+        if getattr(c, k, default) == default or c.train_mode == mode:
             continue
         if c.train_mode != 'plain' and k != 'n_subsets':
             fail(f"{k}={getattr(c, k)} applies to train_mode='{mode}' only (train_mode is {c.train_mode!r})")
@@ -66,17 +81,17 @@ def check_config(c):
         if int(os.environ.get('RANK', 0)) == 0:
             print(f"note: {k}={getattr(c, k)} does nothing with train_mode={c.train_mode!r} (it applies to "
                   f"train_mode='{mode}' only)")
-    if c.recompute and c.train_mode == 'block':  # block training keeps no pass to recompute
+    if getattr(c, 'recompute', False) and c.train_mode == 'block':  # block training keeps no pass to recompute
         fail("recompute=True does nothing with train_mode='block' (it recomputes the Jacobi and interleaved passes)")
-    if not 0 <= c.beta2 < 1:  # AdamW's own check is a traceback
-        fail(f"beta2={c.beta2}: must be in [0, 1)")
-    if not 0 <= c.rec_lr_mult < math.inf:  # a negative multiplier is gradient ascent on the recurrence
+    if not 0 <= getattr(c, 'rec_lr_mult', 1.0) < math.inf:  # a negative multiplier is gradient ascent on the recurrence
         fail(f"rec_lr_mult={c.rec_lr_mult}: must be >= 0 and finite (0 freezes the recurrence's own parameters)")
     if c.device.startswith('cuda') and not torch.cuda.is_available():
         fail(f"device={c.device} but torch.cuda.is_available() is False (use --device=cpu)")
     from support.dataset import missing_folder
     if c.init_from not in ('scratch', 'resume') and missing_folder(c.init_from):  # not a Hub download that fails
         fail(f"init_from={c.init_from}: no such folder (a local path; a Hugging Face name is owner/name)")
+    if c.init_from not in ('scratch', 'resume') and not lab:  # from_pretrained's model: the HF config's widths, RoPE base
+        fail(f"init_from={c.init_from}: a retrofit of a pretrained Llama trains the research model: python lab/train.py ...")
     if os.path.exists(c.out_dir) and not os.path.isdir(c.out_dir):
         fail(f"out_dir={c.out_dir} is a file, not a folder")
     # a new run in the folder of another would replace its ckpt.pt and best.pt at its first save
@@ -87,7 +102,7 @@ def check_config(c):
     if c.eval_only and c.init_from == 'scratch':  # a fresh random model's numbers, logged as the run's
         fail("eval_only=True evaluates a trained model: add --init_from=resume (out_dir's ckpt.pt), "
              "or give a pretrained model's name or folder as init_from")
-    if c.recompute and c.train_mode == 'plain' and int(os.environ.get('RANK', 0)) == 0:
+    if getattr(c, 'recompute', False) and c.train_mode == 'plain' and int(os.environ.get('RANK', 0)) == 0:
         print("note: recompute=True does nothing with train_mode='plain' (it recomputes the Jacobi and "
               "interleaved passes in backward)")
 
@@ -120,14 +135,15 @@ def model_args_from(config, meta, given=()):
     name (train.py takes them by name, GPTConfig's default the one default), except: vocab_size and
     reset_token come from the data, and a retrofit's rec_gate_init is 0. block_size is the config's
     (task data: raised to the longest split by train.py)."""
+    GPTConfig = the_config_class()
     args = {f.name: config[f.name] for f in fields(GPTConfig) if f.name in config}
     args.update(vocab_size=meta['vocab_size'], reset_token=meta.get('reset_token'))
     if config['init_from'] not in ('scratch', 'resume'):
         args['rec_gate_init'] = 0.0  # a retrofit starts at the identity
         if 'rec_gate_gain' not in given:  # (given: the settings the config set) from_pretrained's, 1e-2
-            del args['rec_gate_gain']
+            args.pop('rec_gate_gain', None)
     for k, only in OWN_OPTIONS.items():  # another recurrence's options: recorded as what runs, the default
-        default = next(f.default for f in fields(GPTConfig) if f.name == k)
+        default = next((f.default for f in fields(GPTConfig) if f.name == k), None)
         if k not in args or args['recurrence'] == only:
             continue
         if args[k] != default and int(os.environ.get('RANK', 0)) == 0:
@@ -144,6 +160,9 @@ OWN_OPTIONS = {**{k: 't2mlr' for k in ('rec_residual', 'rec_proj', 'rec_gate_gai
 
 
 INIT_ONLY = ('rec_gate_gain', 'rec_gate_init', 'lrt_identity_init')  # model args that only shape the initialisation
+# the research model's training options (lab/model_full.py's config fields, settings of lab/train.py): how a
+# run trains, not what the model is. The run's settings apply, on resume and retrofit too
+TRAINING_OPTIONS = ('n_rounds', 'block_len', 'recompute', 'rec_lr_mult')
 
 
 def resume_notes(saved, wanted, retrofit):
@@ -151,11 +170,11 @@ def resume_notes(saved, wanted, retrofit):
     A retrofit's backbone shape is the pretrained model's: only its recurrence args are noted.
     block_size: token sequences shorter than the model's context are fine (checked later)."""
     try:  # resolve the config's automatic values (mlp_hidden=0, rec_end=-1) as a new model would
-        wanted = asdict(GPTConfig(**wanted))
+        wanted = asdict(the_config_class()(**wanted))
     except (ValueError, TypeError):
         pass
     for k in saved:
-        if k in INIT_ONLY or k not in wanted or saved[k] == wanted[k]:
+        if k in INIT_ONLY or k in TRAINING_OPTIONS or k not in wanted or saved[k] == wanted[k]:
             continue
         if retrofit and not (k.startswith(('rec', 'lrt_')) or k == 'dropout'):
             continue
@@ -356,19 +375,27 @@ class Batches:
 # the model at start-up: new, resumed, or retrofitted from a pretrained checkpoint
 
 
-def init_model(init_from, arch, model_args, meta, dataset, ckpt_path, master):
+def init_model(init_from, model_args, meta, dataset, ckpt_path, master):
     """-> (model, the checkpoint to resume or None, the model args that run, the pretrained model
-    a retrofit started from or None). Every mismatch between the data and the model: one line."""
+    a retrofit started from or None). Every mismatch between the data and the model: one line.
+    The research model's training options (TRAINING_OPTIONS) are the run's, whatever the start."""
     from support.checkpoint import CheckpointError, build_model, from_pretrained, load_checkpoint
+    from support.checks import check_gpt_size
     from support.dataset import check_hub, data_changes, data_fingerprint
-    ckpt, pretrained = None, None
+    ckpt, pretrained, wanted, mod = None, None, model_args, the_model()
     try:
-        if init_from == 'scratch':
-            model = build_model(dict(model_args, arch=arch))
+        if init_from == 'scratch' and model_args.get('arch') == 'lstm':
+            model = build_model(model_args)  # the LSTM baseline (lab/train.py --arch=lstm)
+        elif init_from == 'scratch':
+            config = mod.GPTConfig(**model_args)  # a broken setting: one line
+            check_gpt_size(config)  # a model too big for the memory: one line, before it is allocated
+            model = mod.GPT(config)
         elif init_from == 'resume':
-            model, ckpt = load_checkpoint(ckpt_path)
+            model, ckpt = load_checkpoint(ckpt_path)  # (a GPT comes back as the research model, which reads them all)
             shape = lambda a, r: 'an LSTM' if a == 'lstm' else f"a GPT with recurrence={r!r}"
-            saved, wanted = ckpt['model_args'], dict(model_args, arch=arch)
+            saved = ckpt['model_args']
+            if saved.get('arch') != 'lstm' and type(model) is not mod.GPT:  # train.py on model.py
+                model = textbook_model(model, saved, mod, ckpt_path)
             was, want = [(a.get('arch', 'gpt'), a.get('recurrence', 'none')) for a in (saved, wanted)]
             if was != want:  # it would train the checkpoint's model under the config's labels
                 fail(f"{ckpt_path} holds {shape(*was)}, the config asks for {shape(*want)}: resume it with its own "
@@ -401,13 +428,31 @@ def init_model(init_from, arch, model_args, meta, dataset, ckpt_path, master):
                 print(f"note: {dataset} was tokenized with {meta['hf_tokenizer']}, the model is {init_from}: they must share a tokenizer")
     except (CheckpointError, ValueError, ImportError) as e:
         fail(str(e))
+    runs = {k: wanted[k] for k in TRAINING_OPTIONS if k in wanted and hasattr(model.config, k)}
+    for k, v in runs.items():
+        setattr(model.config, k, v)
+    model_args = {**model_args, **runs}
     if meta['vocab_size'] > model.config.vocab_size:
         fail(f"dataset {dataset} has a vocabulary of {meta['vocab_size']} tokens but the model only {model.config.vocab_size} "
              f"embeddings: tokenize the data with the model's own tokenizer (prepare.py --tokenizer=...)")
     return model, ckpt, model_args, pretrained
 
 
-OPTIM_SETTINGS = {'weight_decay': 'weight_decay', 'betas': 'beta2',
+def textbook_model(loaded, saved, mod, ckpt_path):
+    """The resumed run's weights (loaded: the research model load_checkpoint builds) in mod.GPT, the model
+    train.py trains (model.py's); a checkpoint of the research model (model args model.py has not: every run
+    before issue 64, and lab/train.py's) is one line: it resumes under lab/train.py."""
+    other = sorted(set(saved) - set(mod.GPTConfig.__dataclass_fields__))
+    if other:
+        fail(f"{ckpt_path} holds the research model (model args {', '.join(other[:3])}{', ...' if len(other) > 3 else ''}): "
+             f"resume it with python lab/train.py")
+    model = mod.GPT(mod.GPTConfig(**saved))
+    model = model.double() if next(loaded.parameters()).dtype == torch.float64 else model
+    model.load_state_dict(loaded.state_dict())
+    return model.to(next(loaded.parameters()).device)
+
+
+OPTIM_SETTINGS = {'weight_decay': 'weight_decay', 'betas': "AdamW's betas (0.9, 0.95)",
                   'lr_mult': 'rec_lr_mult or gate_lr_mult'}  # a group's setting -> train.py's
 
 

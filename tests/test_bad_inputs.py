@@ -26,7 +26,7 @@ from test_reliability import in_process
 from test_train import ROOT, TINY
 from support.dataset import load_meta
 
-RUN = ['--max_iters=2', '--eval_interval=2', '--eval_first=False', '--n_iter=2', '--n_grad=1']
+RUN = ['--max_iters=2', '--eval_interval=2', '--n_iter=2', '--n_grad=1']
 SIZES = ['--n_train=64', '--n_val=8', '--n_test=8', '--train_len=8', '--test_lens=12']
 
 
@@ -59,7 +59,7 @@ def world(tmp_path_factory):
 
 
 def train_args(root, out, *extra, dataset='s5_Z2'):
-    return TINY + [f'--data_root={root}/data', f'--dataset={dataset}', f'--out_dir={out}', *RUN, *extra]
+    return TINY + [f'--dataset={root}/data/{dataset}', f'--out_dir={out}', *RUN, *extra]
 
 
 def one_line(code, err, *words):
@@ -83,14 +83,14 @@ def test_new_run_over_a_finished_run_is_refused(world, tmp_path):
     # log holds the new run's records alone
     for f in before:
         (tmp_path / f).write_bytes(before[f])
-    code, out, err = in_process('train.py', train_args(world, tmp_path, '--overwrite=True', '--norm_eps=0'), world)
+    code, out, err = in_process('lab/train.py', train_args(world, tmp_path, '--overwrite=True', '--norm_eps=0'), world)
     one_line(code, err, 'norm_eps=0.0')
     assert snapshot(tmp_path) == before  # a bad setting after the flag: still nothing removed
     _, out, _ = in_process('train.py', train_args(world, tmp_path, '--overwrite=True', '--seed=7'), world, check=True)
     assert "note: overwrite=True: removed the previous run's ckpt.pt, best.pt, log.jsonl" in out
     new = torch.load(tmp_path / 'ckpt.pt', weights_only=False)
     assert new['config']['seed'] == 7 and new['iter_num'] == 2
-    assert open(tmp_path / 'log.jsonl').read().count('"type": "eval"') == 1
+    assert open(tmp_path / 'log.jsonl').read().count('"type": "eval"') == 2  # steps 0 and 2
 
 
 def test_resume_on_another_dataset_of_the_same_vocab_size_is_refused(world):
@@ -137,20 +137,25 @@ def test_disk_size_is_arithmetic(tmp_path, monkeypatch):
 # every other bad setting: one line, exit 2, before any model is built
 
 
-@pytest.mark.parametrize('args,words', [
-    (['--beta2=2'], ['beta2=2.0', '[0, 1)']),
-    (['--beta2=-0.5'], ['beta2=-0.5']),
-    (['--rec_gate_gain=-1'], ['rec_gate_gain=-1.0', '>= 0']),
-    (['--rec_lr_mult=-1'], ['rec_lr_mult=-1.0', '>= 0']),
-    (['--gate_lr_mult=-1'], ['gate_lr_mult=-1.0', '>= 0']),
-    (['--vocab_pad=1e9'], ['vocab_pad=1000000000', '1..4096']),
-    (['--norm_eps=-1'], ['norm_eps=-1.0', '> 0']),  # once a divergence blamed on the learning rate
-    (['--rope_theta=0'], ['rope_theta=0.0', '> 0']),
-    (['--init_from=/a/local/path'], ['init_from=/a/local/path', 'no such folder']),  # once "could not fetch from the Hub"
-    (['--init_from=./nowhere'], ['init_from=./nowhere', 'no such folder']),
+LAB = 'lab/train.py'  # the research model's options
+
+
+@pytest.mark.parametrize('script,args,words', [
+    (LAB, ['--rec_gate_gain=-1'], ['rec_gate_gain=-1.0', '>= 0']),
+    (LAB, ['--rec_lr_mult=-1'], ['rec_lr_mult=-1.0', '>= 0']),
+    ('train.py', ['--gate_lr_mult=-1'], ['gate_lr_mult=-1.0', '>= 0']),
+    ('train.py', ['--vocab_pad=1e9'], ['vocab_pad=1000000000', '1..4096']),
+    (LAB, ['--vocab_pad=1e9'], ['vocab_pad=1000000000', '1..4096']),
+    (LAB, ['--norm_eps=-1'], ['norm_eps=-1.0', '> 0']),  # once a divergence blamed on the learning rate
+    (LAB, ['--rope_theta=0'], ['rope_theta=0.0', '> 0']),
+    ('train.py', ['--init_from=/a/local/path'], ['init_from=/a/local/path', 'no such folder']),  # once "could not fetch from the Hub"
+    ('train.py', ['--init_from=./nowhere'], ['init_from=./nowhere', 'no such folder']),
+    ('train.py', ['--init_from=HuggingFaceTB/SmolLM2-135M'], ['init_from=HuggingFaceTB/SmolLM2-135M', 'lab/train.py']),  # a retrofit
+    ('train.py', ['--rec_lr_mult=2'], ["unknown config key 'rec_lr_mult'"]),  # the research model's: lab/train.py's setting
+    (LAB, ['--beta2=0.99'], ["unknown config key 'beta2'"]),  # (gone: AdamW's betas are (0.9, 0.95))
 ])
-def test_train_bad_setting(world, tmp_path, args, words):
-    code, out, err = in_process('train.py', train_args(world, tmp_path / 'out', *args), world)
+def test_train_bad_setting(world, tmp_path, script, args, words):
+    code, out, err = in_process(script, train_args(world, tmp_path / 'out', *args), world)
     one_line(code, err, *words)
     assert 'parameters' not in out and not os.path.exists(tmp_path / 'out' / 'ckpt.pt')
 
@@ -164,8 +169,8 @@ def test_train_out_dir_is_a_file(world, tmp_path):
 
 
 def test_recompute_in_plain_mode_is_noted(world, tmp_path):
-    _, out, _ = in_process('train.py', train_args(world, tmp_path, '--recurrence=none', '--train_mode=plain',
-                                                  '--recompute=True', '--max_iters=0'), world, check=True)
+    _, out, _ = in_process('lab/train.py', train_args(world, tmp_path, '--recurrence=none', '--train_mode=plain',
+                                                      '--recompute=True', '--max_iters=0'), world, check=True)
     assert "note: recompute=True does nothing with train_mode='plain'" in out
 
 
@@ -280,7 +285,7 @@ def test_compare_restarts_an_interrupted_run(world, tmp_path):
 
 @pytest.fixture(scope='module')
 def lstm_run(world):
-    in_process('train.py', train_args(world, world / 'lstm', '--arch=lstm', '--recurrence=none', '--train_mode=plain'),
+    in_process('lab/train.py', train_args(world, world / 'lstm', '--arch=lstm', '--recurrence=none', '--train_mode=plain'),
                world, check=True)
     return world / 'lstm'
 
@@ -323,24 +328,28 @@ def test_engine_on_an_lstm(lstm_run):
 # else, settings the chosen scheme or recurrence does not read, a model too big to build
 
 
-@pytest.mark.parametrize('line,words', [
-    ("gate_lr_mult = float('nan')", ['gate_lr_mult=nan', 'finite']),
-    ("gate_lr_mult = 1e999", ['gate_lr_mult=inf', 'finite']),  # once: -inf gates saved, exit 0
-    ("rec_lr_mult = float('inf')", ['rec_lr_mult=inf', 'finite']),
-    ("weight_decay = float('nan')", ['weight_decay=nan', 'finite']),
-    ("rec_scale_max = float('inf')", ['rec_scale_max=inf', 'finite']),
-    ("rec_scale_min = float('nan')", ['rec_scale_min=nan', 'finite']),
-    ("rec_gate_init = float('nan')", ['rec_gate_init=nan', 'finite']),
-    ("rec_gate_gain = float('inf')", ['rec_gate_gain=inf', 'finite']),
-    ("block_len = 8", ['block_len=8', "train_mode='block' only", "'jacobi'"]),
-    ("n_rounds = 4", ['n_rounds=4', "train_mode='interleaved' only"]),
-    ("train_mode = 'block'\nrecompute = True", ['recompute=True', "train_mode='block'"]),
-    ("n_embd = 65536", ['n_embd=65536', 'GiB of float32 weights alone', 'memory available']),  # once: allocator traceback
+@pytest.mark.parametrize('script,line,words', [
+    ('train.py', "gate_lr_mult = float('nan')", ['gate_lr_mult=nan', 'finite']),
+    ('train.py', "gate_lr_mult = 1e999", ['gate_lr_mult=inf', 'finite']),  # once: -inf gates saved, exit 0
+    (LAB, "rec_lr_mult = float('inf')", ['rec_lr_mult=inf', 'finite']),
+    ('train.py', "weight_decay = float('nan')", ['weight_decay=nan', 'finite']),
+    (LAB, "rec_scale_max = float('inf')", ['rec_scale_max=inf', 'finite']),
+    (LAB, "rec_scale_min = float('nan')", ['rec_scale_min=nan', 'finite']),
+    ('train.py', "rec_gate_init = float('nan')", ['rec_gate_init=nan', 'finite']),
+    (LAB, "rec_gate_init = float('nan')", ['rec_gate_init=nan', 'finite']),
+    (LAB, "rec_gate_gain = float('inf')", ['rec_gate_gain=inf', 'finite']),
+    (LAB, "block_len = 8", ['block_len=8', "train_mode='block' only", "'jacobi'"]),
+    (LAB, "n_rounds = 4", ['n_rounds=4', "train_mode='interleaved' only"]),
+    (LAB, "train_mode = 'block'\nrecompute = True", ['recompute=True', "train_mode='block'"]),
+    ('train.py', "train_mode = 'block'", ["train_mode='block'", 'lab/train.py']),  # the research model's
+    ('train.py', "n_rounds = 4", ['c.py', "unknown config key 'n_rounds'"]),
+    ('train.py', "n_embd = 65536", ['n_embd=65536', 'GiB of float32 weights alone', 'memory available']),  # once: allocator traceback
+    (LAB, "n_embd = 65536", ['n_embd=65536', 'GiB of float32 weights alone', 'memory available']),
 ])
-def test_train_bad_option(world, tmp_path, line, words):
+def test_train_bad_option(world, tmp_path, script, line, words):
     (tmp_path / 'c.py').write_text(line + '\n')
     t = time.time()
-    code, out, err = in_process('train.py', train_args(world, tmp_path / 'out', str(tmp_path / 'c.py')), world)
+    code, out, err = in_process(script, train_args(world, tmp_path / 'out', str(tmp_path / 'c.py')), world)
     one_line(code, err, *words)
     assert 'parameters' not in out and not os.path.exists(tmp_path / 'out' / 'ckpt.pt') and time.time() - t < 30
 
@@ -356,8 +365,8 @@ def test_scheme_settings_of_another_mode_are_noted_in_a_plain_baseline(world, tm
 
 
 def test_another_recurrences_options_are_not_recorded_as_applied(world, tmp_path):
-    _, out, _ = in_process('train.py', train_args(world, tmp_path, '--recurrence=lrt', '--train_mode=interleaved',
-                                                  '--rec_scale_min=0.1', '--rec_residual_detach=True'),
+    _, out, _ = in_process('lab/train.py', train_args(world, tmp_path, '--recurrence=lrt', '--train_mode=interleaved',
+                                                      '--rec_scale_min=0.1', '--rec_residual_detach=True'),
                            world, check=True)
     assert "note: rec_scale_min=0.1 applies to recurrence='t2mlr' only (recurrence is 'lrt')" in out
     args = torch.load(tmp_path / 'ckpt.pt', weights_only=False)['model_args']

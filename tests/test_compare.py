@@ -69,11 +69,18 @@ def test_compare_curves_and_new_models(tmp_path):
          f'--out_dir={tmp_path}/data/s5_S3')
     cmd = [sys.executable, os.path.join(ROOT, 'lab', 'compare.py'), '--quick=True', '--max_iters=2', '--seeds=1',
            '--models=lrt_r4_w32,t2mlr_w32_D4,t2mlr_w32_D8,plain_w32,t2mlr_decay500', '--dataset=s5_S3', '--curve_interval=1',
-           '--curve_examples=4', f'--data_root={tmp_path}/data', f'--out_dir={tmp_path}/cmp',
+           f'--data_root={tmp_path}/data', f'--out_dir={tmp_path}/cmp',
            f'--results_dir={tmp_path}/evidence/s5_S3']
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert '--n_rounds=4' in p.stdout and '--n_iter=4' in p.stdout
+    # the arm with a research model's option (n_rounds) runs lab/train.py, the others train.py
+    line = lambda n: next(l for l in p.stdout.splitlines() if l.startswith(f'{n} seed 1: '))
+    assert os.path.join('lab', 'train.py') in line('lrt_r4_w32').split()[3]
+    assert all(line(n).split()[3].endswith(os.sep + 'train.py') and os.path.join('lab', 'train.py') not in line(n)
+               for n in ('plain_w32', 't2mlr_w32_D4', 't2mlr_decay500'))
+    ck = lambda n: torch.load(tmp_path / 'cmp' / f'{n}_s1' / 'ckpt.pt', weights_only=False)['model_args']
+    assert ck('lrt_r4_w32')['n_rounds'] == 4 and 'n_rounds' not in ck('plain_w32')
     # an arm's own learning-rate schedule reaches train.py; the others' cosine spans the run's steps (-1)
     decay = lambda n: torch.load(tmp_path / 'cmp' / f'{n}_s1' / 'ckpt.pt', weights_only=False)['config']['lr_decay_iters']
     assert decay('t2mlr_decay500') == 500 and decay('plain_w32') == -1
@@ -85,7 +92,7 @@ def test_compare_curves_and_new_models(tmp_path):
     assert f['plain_w32'] < f['t2mlr_w32_D4'] < f['t2mlr_w32_D8']
     for name, runs in res['runs'].items():
         ev = runs[0]['curve']['eval']
-        assert [e['iter'] for e in ev] == [1, 2]  # an evaluation at every step, the last one final
+        assert [e['iter'] for e in ev] == [0, 1, 2]  # an evaluation at every step (step 0 too), the last one final
         assert all('test_12/em_exact' in e and 'val/loss_exact' in e for e in ev)
         assert runs[0]['curve']['train'] and runs[0]['eval']['iter'] == 2
     try:
@@ -174,14 +181,16 @@ def test_paper_configs_run_at_reduced_size(tmp_path, cfg):
     text = tmp_path / 'corpus.txt'
     text.write_text('\n\n'.join(f'document {i}: the quick brown fox jumps over the lazy dog.' for i in range(200)))
     prep('text', f'--input={text}', '--tokenizer=char', f'--out_dir={tmp_path}/data/tiny')
-    small = ['--n_layer=4', '--n_embd=32', '--n_head=2', '--n_kv_head=1', '--mlp_hidden=64', '--block_size=32',
+    lab = cfg not in ('s3_t2mlr.py', 's3_lrt.py')  # the research model's configs (mlp_hidden, rope_theta, ...)
+    small = ['--n_layer=4', '--n_embd=32', '--n_head=2', '--n_kv_head=1', *(['--mlp_hidden=64'] if lab else []), '--block_size=32',
              '--batch_size=2', '--gradient_accumulation_steps=1', '--max_iters=2', '--eval_interval=2',
-             '--eval_iters=1', '--eval_exact_iters=1', '--warmup_iters=1', '--log_interval=1',
+             '--eval_iters=1', '--warmup_iters=1', '--log_interval=1',
              '--device=cpu', '--dtype=float32', '--compile=False',
-             f'--data_root={tmp_path}/data', '--dataset=tiny', f'--out_dir={tmp_path}/out']
+             f'--dataset={tmp_path}/data/tiny', f'--out_dir={tmp_path}/out']
     if cfg != 'plain_135m_fineweb.py':
         small += ['--rec_start=1', '--rec_end=2']
-    p = subprocess.run([sys.executable, os.path.join(ROOT, 'train.py'), os.path.join(ROOT, 'config', cfg), *small],
+    script = os.path.join(ROOT, 'lab', 'train.py') if lab else os.path.join(ROOT, 'train.py')
+    p = subprocess.run([sys.executable, script, os.path.join(ROOT, 'config', cfg), *small],
                        capture_output=True, text=True, timeout=300, env=ENV)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert 'iter 2:' in p.stdout and 'bpb' in p.stdout

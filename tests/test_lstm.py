@@ -97,9 +97,9 @@ def run(script, *args, cwd):
 
 
 def train(data, out, *extra, dataset='s5_Z2'):
-    return run('train.py', os.path.join(ROOT, 'config', 's3_lstm.py'), '--device=cpu', f'--data_root={data}',
-               f'--dataset={dataset}', f'--out_dir={out}', '--n_embd=16', '--batch_size=4', '--eval_iters=1',
-               '--eval_exact_iters=1', '--eval_examples=8', '--log_interval=1', '--warmup_iters=1', *extra, cwd=out.parent)
+    return run('lab/train.py', os.path.join(ROOT, 'config', 's3_lstm.py'), '--device=cpu',  # (arch: the research model's)
+               f'--dataset={data}/{dataset}', f'--out_dir={out}', '--n_embd=16', '--batch_size=4', '--eval_iters=1',
+               '--eval_examples=8', '--log_interval=1', '--warmup_iters=1', *extra, cwd=out.parent)
 
 
 def test_train_resume_evaluate_sample(data, tmp_path):
@@ -128,6 +128,6 @@ def test_train_resume_evaluate_sample(data, tmp_path):
 
 
 def test_lstm_needs_no_recurrence(data, tmp_path):
-    p = subprocess.run([sys.executable, os.path.join(ROOT, 'train.py'), '--arch=lstm', '--device=cpu',
-                        f'--data_root={data}', f'--out_dir={tmp_path}'], capture_output=True, text=True, timeout=120)
+    p = subprocess.run([sys.executable, os.path.join(ROOT, 'lab', 'train.py'), '--arch=lstm', '--device=cpu',
+                        f'--dataset={data}/s5_Z2', f'--out_dir={tmp_path}'], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "recurrence='none'" in p.stderr

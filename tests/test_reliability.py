@@ -28,7 +28,7 @@ import prepare
 from test_train import ROOT, common, params, run
 from support import checkpoint, corpora, dataset
 
-GOOD = ['--max_iters=4', '--eval_interval=2', '--eval_first=False', '--n_iter=3', '--n_grad=2']
+GOOD = ['--max_iters=4', '--eval_interval=2', '--n_iter=3', '--n_grad=2']
 
 
 @pytest.fixture(scope='module')
@@ -46,9 +46,9 @@ def data(tmp_path_factory):
 
 
 def in_process(script, args, cwd, check=False):
-    """Run train.py, sample.py or lab/evaluate.py in this process, as `python script args` in cwd would (one
-    thread, like the subprocess runs with OMP_NUM_THREADS=1) -> (exit code, stdout, stderr).
-    Restores the signal handlers train.py installs."""
+    """Run train.py (or lab/train.py), sample.py or lab/evaluate.py in this process, as `python script args` in
+    cwd would (one thread, like the subprocess runs with OMP_NUM_THREADS=1) -> (exit code, stdout, stderr).
+    Restores the signal handlers train.py installs (and lab/train.py the module `model`)."""
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     argv, here, threads = sys.argv, os.getcwd(), torch.get_num_threads()
     out, err = io.StringIO(), io.StringIO()
@@ -131,7 +131,7 @@ def test_best_kept_apart_from_latest_and_resume_notes(data, good_run, tmp_path):
     copy_run(good_run[0], tmp_path)
     _, stdout, _ = in_process('train.py', common(data, tmp_path, *GOOD, '--init_from=resume', '--max_iters=10',
                                                  '--learning_rate=10', '--warmup_iters=0', '--lr_decay_iters=1000', '--n_head=4',
-                                                 '--rec_start=1', '--attn_window=8', '--dropout=0.2'), tmp_path, check=True)
+                                                 '--rec_start=1', '--attn_window=8'), tmp_path, check=True)
     evals = [e for e in map(json.loads, open(tmp_path / 'log.jsonl')) if e['type'] == 'eval' and e['iter'] > 0]
     best = min(evals, key=lambda e: e['val/loss_exact'])
     b, c = (torch.load(tmp_path / f, weights_only=False) for f in ('best.pt', 'ckpt.pt'))
@@ -139,8 +139,8 @@ def test_best_kept_apart_from_latest_and_resume_notes(data, good_run, tmp_path):
     assert b['best_val_loss'] == c['best_val_loss'] == best['val/loss_exact']
     assert max(e['val/loss_exact'] for e in evals) > best['val/loss_exact']  # it did get worse
     notes = [l for l in stdout.splitlines() if l.startswith('note: resuming')]
-    assert sorted(n.split("checkpoint's ")[1].split('=')[0] for n in notes) == ['attn_window', 'dropout', 'n_head', 'rec_start']
-    for k in ('n_head', 'rec_start', 'attn_window', 'dropout'):
+    assert sorted(n.split("checkpoint's ")[1].split('=')[0] for n in notes) == ['attn_window', 'n_head', 'rec_start']
+    for k in ('n_head', 'rec_start', 'attn_window'):
         assert c['config'][k] == c['model_args'][k], k
 
 
@@ -161,10 +161,10 @@ def test_sample_loads_best_or_latest(data, good_run):
 # 2. a real signal to a real process: save at the step boundary, resume bit-identically
 
 
-def launch(args, cwd, torchrun):
+def launch(args, cwd, torchrun, script='train.py'):
     env = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
     cmd = ([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2'] if torchrun
-           else [sys.executable]) + [os.path.join(ROOT, 'train.py')] + args
+           else [sys.executable]) + [os.path.join(ROOT, script)] + args
     return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
 
@@ -172,10 +172,11 @@ def launch(args, cwd, torchrun):
 @pytest.mark.parametrize('torchrun,sig', [(False, signal.SIGTERM), (True, signal.SIGINT)], ids=['one', 'torchrun2'])
 def test_signal_saves_at_step_boundary_and_resumes_exactly(data, tmp_path, torchrun, sig):
     # the lr schedule does not depend on max_iters (lr_decay_iters is fixed), so a run to
-    # 100000 stopped at step k and resumed to K is the same run as one straight to K
-    args = ['--lr_decay_iters=50', '--eval_first=False', '--eval_interval=100000', '--n_iter=3', '--n_grad=1',
+    # 100000 stopped at step k and resumed to K is the same run as one straight to K. lab/train.py (the
+    # research model, under torchrun too): dropout, whose RNG state must resume
+    args = ['--lr_decay_iters=50', '--eval_interval=100000', '--n_iter=3', '--n_grad=1',
             *(['--dropout=0.0', '--dtype=float64'] if torchrun else ['--dropout=0.1'])]  # (DDP: rank 0's RNG state is saved)
-    p = launch(common(data, tmp_path / 'cut', *args, '--max_iters=100000'), tmp_path, torchrun)
+    p = launch(common(data, tmp_path / 'cut', *args, '--max_iters=100000'), tmp_path, torchrun, 'lab/train.py')
     seen = []
     try:
         for line in p.stdout:  # the handlers are installed long before the first step is logged
@@ -199,12 +200,12 @@ def test_signal_saves_at_step_boundary_and_resumes_exactly(data, tmp_path, torch
     K = k + 3
     resume = common(data, tmp_path / 'cut', *args, f'--max_iters={K}', '--init_from=resume')
     if torchrun:
-        run(resume, tmp_path, torchrun=True)
+        run(resume, tmp_path, torchrun=True, script='lab/train.py')
     else:  # in this process (one thread, like the subprocess): no second torch import
-        in_process('train.py', resume, tmp_path, check=True)
+        in_process('lab/train.py', resume, tmp_path, check=True)
     # the uninterrupted run. torchrun: one process with the same global batch of 2 micro-batches,
     # which is bit-identical to 2 processes in float64 (grad(L/2) = grad(L)/2 exactly; a + b = b + a)
-    in_process('train.py', common(data, tmp_path / 'straight', *args, f'--max_iters={K}',
+    in_process('lab/train.py', common(data, tmp_path / 'straight', *args, f'--max_iters={K}',
                                   *(['--gradient_accumulation_steps=2'] if torchrun else [])), tmp_path, check=True)
     a, b = params(tmp_path / 'straight' / 'ckpt.pt'), params(tmp_path / 'cut' / 'ckpt.pt')
     assert torch.load(tmp_path / 'cut' / 'ckpt.pt', weights_only=False)['iter_num'] == K
@@ -260,7 +261,7 @@ def test_save_fsyncs_file_and_folder(tmp_path, monkeypatch):
     (['--learning_rate=-0.1'], 'learning_rate=-0.1'),
     (['--max_iters=-5'], 'max_iters=-5'),
     (['--device=cuda'], 'device=cuda'),
-    (['--dataset=chars', '--block_size=512'], 'split val of chars has'),
+    (['--dataset=chars', '--block_size=512'], '/chars has'),
     (['--dataset=bad_ids'], 'token id 999'),
 ])
 def test_bad_setting_is_one_line_before_the_model(data, tmp_path, args, msg):
@@ -273,6 +274,7 @@ def test_bad_setting_is_one_line_before_the_model(data, tmp_path, args, msg):
         ids[3] = 999  # a corrupt id; the file size is unchanged, so load_meta accepts it
         ids.flush()
         data = str(tmp_path)
+    args = [f'--dataset={data}/{a[10:]}' if a.startswith('--dataset=') else a for a in args]  # (a path)
     code, out, err = in_process('train.py', common(data, tmp_path / 'out', '--max_iters=2', *args), tmp_path)
     assert code == 2 and err.count('\n') == 1 and err.startswith('error:') and msg in err, err
     assert 'parameters' not in out  # the model summary line: no model was built
@@ -324,10 +326,10 @@ def black_hole(tmp_path):
 
 @pytest.mark.parametrize('cmd,msg', [
     (['prepare.py', 'tinystories'], 'could not fetch the GPT-2 tokenizer: no answer within 2 s'),
-    (['train.py', '--init_from=HuggingFaceTB/SmolLM2-135M'], 'could not fetch the model HuggingFaceTB/SmolLM2-135M'),
+    (['lab/train.py', '--init_from=HuggingFaceTB/SmolLM2-135M'], 'could not fetch the model HuggingFaceTB/SmolLM2-135M'),
 ])
 def test_download_through_a_silent_network_is_bounded(data, tmp_path, black_hole, cmd, msg):
-    extra = [f'--out_dir={tmp_path}/x'] + ([f'--data_root={data}', '--dataset=s5_Z2'] if cmd[0] == 'train.py' else [])
+    extra = [f'--out_dir={tmp_path}/x'] + ([f'--dataset={data}/s5_Z2'] if cmd[0].endswith('train.py') else [])
     t = time.time()
     p = subprocess.run([sys.executable, os.path.join(ROOT, cmd[0]), *cmd[1:], *extra], cwd=tmp_path, env=black_hole,
                        capture_output=True, text=True, timeout=60)

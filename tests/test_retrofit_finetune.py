@@ -3,7 +3,7 @@ LlamaForCausalLM and a character tokenizer (tokenizers WordLevel in a
 PreTrainedTokenizerFast), both written to tmp_path, stand in for SmolLM2; a toy JSONL
 (running sums mod 10, GSM8K-shaped: '... #### 8') stands in for GSM8K.
 
-prepare.py jsonl -> train.py init_from=<folder> (Jacobi) -> lab/evaluate.py --eval_answers, and:
+prepare.py jsonl -> lab/train.py init_from=<folder> (Jacobi) -> lab/evaluate.py --eval_answers, and:
 the row layout (x, y, rec mask) against an independent tokenization; the gates leave 0 and
 the loss falls; the prompt stays the plain model after fine-tuning; the training mask is
 exactly what generate(prefill='plain') computes; answer accuracy equals row-by-row
@@ -34,10 +34,10 @@ from support.sft import extract_answer  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, 'OMP_NUM_THREADS': '1', 'HF_HUB_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1'}
 N = 20  # training steps
-TRAIN = ['--device=cpu', '--dataset=sums', '--recurrence=t2mlr', '--rec_start=1', '--rec_end=1', '--rec_gate_gain=1e-2',
+TRAIN = ['--device=cpu', '--recurrence=t2mlr', '--rec_start=1', '--rec_end=1', '--rec_gate_gain=1e-2',
          '--rec_lr_mult=10.0', '--train_mode=jacobi', '--n_iter=4', '--n_grad=2', '--batch_size=16',
          '--learning_rate=3e-3', '--min_lr=3e-4', '--warmup_iters=2', f'--lr_decay_iters={N}', '--weight_decay=0.0',
-         '--eval_interval=10', '--eval_iters=2', '--eval_exact_iters=1', '--eval_examples=16', '--log_interval=1']
+         '--eval_interval=10', '--eval_iters=2', '--eval_examples=16', '--log_interval=1']  # (lab/train.py: prompt masks, rec_lr_mult)
 
 
 def run(script, *args, cwd=None, check=True):
@@ -78,7 +78,7 @@ def trained(setup):
     """N Jacobi steps from the pretrained folder; -> the run's out_dir."""
     root, llama, _ = setup
     out = root / 'out'
-    p = run('train.py', *TRAIN, f'--init_from={llama}', f'--data_root={root}/data', f'--out_dir={out}',
+    p = run('lab/train.py', *TRAIN, f'--init_from={llama}', f'--dataset={root}/data/sums', f'--out_dir={out}',
             f'--max_iters={N}', cwd=root)
     assert f'iter {N}:' in p.stdout
     return out
@@ -262,9 +262,9 @@ def test_answer_eval(setup, trained, monkeypatch):
 
 def test_resume_a_retrofit_run_exactly(setup, trained, tmp_path):
     root, llama, _ = setup
-    common = [*TRAIN, f'--data_root={root}/data', f'--out_dir={tmp_path}']
-    run('train.py', *common, f'--init_from={llama}', f'--max_iters={N // 2}', cwd=tmp_path)
-    p = run('train.py', *common, '--init_from=resume', f'--max_iters={N}', cwd=tmp_path)
+    common = [*TRAIN, f'--dataset={root}/data/sums', f'--out_dir={tmp_path}']
+    run('lab/train.py', *common, f'--init_from={llama}', f'--max_iters={N // 2}', cwd=tmp_path)
+    p = run('lab/train.py', *common, '--init_from=resume', f'--max_iters={N}', cwd=tmp_path)
     assert f'iter {N // 2 + 1}:' in p.stdout and 'iter 1:' not in p.stdout and 'note: resuming' not in p.stdout
     a = torch.load(trained / 'ckpt.pt', weights_only=False)['model']
     b = torch.load(tmp_path / 'ckpt.pt', weights_only=False)['model']
@@ -279,7 +279,7 @@ def test_tokenizer_vocab_larger_than_the_model(setup, tmp_path):
     big = tmp_path / 'big'
     sft.make_tiny_tokenizer(big, chars=sft.DEMO_CHARS + 'abcdefghijklmnopqrstuvwxyz')  # 44 tokens > 32
     prepare.main(['jsonl', f'--input={root}/sums.jsonl', f'--tokenizer={big}', f'--out_dir={tmp_path}/data/big'])
-    p = run('train.py', '--dataset=big', f'--data_root={tmp_path}/data', f'--init_from={llama}',
+    p = run('lab/train.py', f'--dataset={tmp_path}/data/big', f'--init_from={llama}',
             f'--out_dir={tmp_path}/out', cwd=tmp_path, check=False)
     assert 'vocabulary of 44 tokens but the model only 32' in error_line(p)
 

@@ -93,11 +93,10 @@ def test_replay(tmp_path):
     env = {**os.environ, 'OMP_NUM_THREADS': '1'}
     small = ['--n_embd=16', '--n_head=2', '--n_kv_head=1', '--batch_size=4', '--n_iter=8', '--attn_window=0',
              '--lr_decay_iters=6', '--warmup_iters=1', '--eval_interval=3', '--log_interval=1', '--eval_examples=4',
-             '--eval_examples_mid=4', '--eval_iters=1', '--eval_exact_iters=1',
-             f'--data_root={tmp_path / "data"}', '--dataset=parity', '--seed=3']
+             '--eval_iters=1', f'--dataset={tmp_path / "data" / "parity"}', '--seed=3']
 
     def train(out, steps):
-        r = subprocess.run([sys.executable, os.path.join(REPO, 'train.py'), os.path.join(REPO, 'config', 't2mlr_small.py'),
+        r = subprocess.run([sys.executable, os.path.join(REPO, 'lab', 'train.py'), os.path.join(REPO, 'config', 't2mlr_small.py'),
                             *small, f'--max_iters={steps}', f'--out_dir={tmp_path / out}'],
                            capture_output=True, text=True, timeout=300, env=env)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -230,7 +229,7 @@ def test_relabel(tmp_path):
                                             ('s5_retrieval_2phase_lrt.py', ['--train_mode=jacobi', '--n_iter=2', '--n_grad=1'])])
 def test_two_phases(tmp_path, config, phase1):
     """The two-phase configs' two commands on tiny rows: phase 1 trains on lab/relabel.py
-    --phase1's copy (another data_root, the same dataset name; LRT's on Jacobi), phase 2 resumes
+    --phase1's copy (another folder, the same dataset name; LRT's on Jacobi), phase 2 resumes
     that run on the official rows (LRT's switching to the config's interleaved scheme) and says the
     labels changed under it."""
     sys.path.insert(0, os.path.join(REPO, 'lab'))
@@ -240,19 +239,19 @@ def test_two_phases(tmp_path, config, phase1):
     relabel('s5_retrieval_S3', phase1=True, data_root=str(tmp_path))
     env = {**os.environ, 'OMP_NUM_THREADS': '1'}
     small = ['--n_embd=16', '--n_head=2', '--n_kv_head=1', '--batch_size=4', '--n_subsets=21', '--eval_interval=2',
-             '--eval_examples=4', '--eval_examples_mid=4', '--eval_iters=1', '--eval_exact_iters=1', '--log_interval=1',
+             '--eval_examples=4', '--eval_iters=1', '--log_interval=1',
              f"--out_dir={tmp_path / 'run'}"]
 
     def train(*extra):
-        r = subprocess.run([sys.executable, os.path.join(REPO, 'train.py'),
+        r = subprocess.run([sys.executable, os.path.join(REPO, 'lab', 'train.py'),
                             os.path.join(REPO, 'config', config), *small, *extra],
                            capture_output=True, text=True, timeout=300, env=env)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
         return r.stdout + r.stderr
 
-    out = train(f"--data_root={tmp_path / 'phase1'}", '--max_iters=2', *phase1)
+    out = train(f"--dataset={tmp_path / 'phase1' / 's5_retrieval_S3'}", '--max_iters=2', *phase1)
     assert f"train_mode={'jacobi' if phase1 else 'interleaved'}" in out
-    out = train(f"--data_root={tmp_path}", '--init_from=resume', '--max_iters=4')
+    out = train(f"--dataset={tmp_path / 's5_retrieval_S3'}", '--init_from=resume', '--max_iters=4')
     assert 'relabel phase1 -> None' in out  # the note that the labels changed under the run
     assert 'train_mode=interleaved' in out  # phase 2 on the config's exact scheme
     ck = torch.load(tmp_path / 'run' / 'ckpt.pt', map_location='cpu', weights_only=False)

@@ -136,8 +136,8 @@ def test_overwrite_keeps_the_old_run_until_the_new_one_checkpoints(world, tmp_pa
     for f in before:
         (tmp_path / f).write_bytes(before[f])
     # a bad setting: refused at start, before anything is touched
-    code, out, err = in_process('train.py', train_args(world, tmp_path, '--overwrite=True', '--beta2=2'), world)
-    one_line(code, err, "beta2=2.0")
+    code, out, err = in_process('train.py', train_args(world, tmp_path, '--overwrite=True', '--gate_lr_mult=-2'), world)
+    one_line(code, err, "gate_lr_mult=-2.0")
     assert run_files(tmp_path) == before
     # a new run that ends before its first checkpoint (here: max_iters=0, nothing to save): the old one is back
     code, out, err = in_process('train.py', train_args(world, tmp_path, '--overwrite=True', '--max_iters=0'), world)
@@ -306,9 +306,9 @@ def test_unreadable_data_is_one_line_not_never_prepared(world, tmp_path, monkeyp
 # 5. a resume says what it does
 
 
-def resume(world, out, *extra, dataset='s5_Z2'):
+def resume(world, out, *extra, dataset='s5_Z2', script='train.py'):
     args = [a for a in train_args(world, out, dataset=dataset) if not a.startswith('--max_iters')]
-    return in_process('train.py', [*args, '--max_iters=4', '--init_from=resume', *extra], world)
+    return in_process(script, [*args, '--max_iters=4', '--init_from=resume', *extra], world)
 
 
 def test_resume_on_a_regenerated_dataset_is_noted(world, tmp_path):
@@ -327,24 +327,29 @@ def test_resume_on_a_regenerated_dataset_is_noted(world, tmp_path):
 def test_resume_applies_a_changed_optimizer_setting_with_a_note(world, tmp_path):
     import shutil
     shutil.copytree(world / 'run', tmp_path / 'run', ignore=shutil.ignore_patterns('.lock'))
-    code, out, err = resume(world, tmp_path / 'run', '--weight_decay=0.05', '--beta2=0.99', '--gate_lr_mult=0.5')
+    ck = torch.load(tmp_path / 'run' / 'ckpt.pt', weights_only=False)  # a run of other betas (beta2, before issue 64)
+    for g in ck['optimizer']['param_groups']:
+        g['betas'] = (0.9, 0.99)
+    torch.save(ck, tmp_path / 'run' / 'ckpt.pt')
+    code, out, err = resume(world, tmp_path / 'run', '--weight_decay=0.05', '--gate_lr_mult=0.5')
     assert code == 0, err
     notes = [l for l in out.splitlines() if l.startswith('note: resuming with')]
     assert any('weight_decay is now 0.05 (the checkpoint\'s 0.1)' in n for n in notes), out
-    assert any('betas is now (0.9, 0.99)' in n for n in notes) and any('lr_mult is now 0.5' in n for n in notes), out
+    assert any('betas is now (0.9, 0.95)' in n for n in notes) and any('lr_mult is now 0.5' in n for n in notes), out
     ck = torch.load(tmp_path / 'run' / 'ckpt.pt', weights_only=False)
     groups = ck['optimizer']['param_groups']
-    assert {g['weight_decay'] for g in groups} == {0.0, 0.05} and {tuple(g['betas']) for g in groups} == {(0.9, 0.99)}
-    assert ck['config']['weight_decay'] == 0.05 and ck['config']['beta2'] == 0.99  # what ran, recorded
-    # a change that regroups the parameters cannot be applied: refused in one line
-    # (rec_lr_mult=10: the recurrence's own parameters leave the groups they shared at 1.0)
-    code, out, err = resume(world, tmp_path / 'run', '--rec_lr_mult=10')
+    assert {g['weight_decay'] for g in groups} == {0.0, 0.05} and {tuple(g['betas']) for g in groups} == {(0.9, 0.95)}
+    assert ck['config']['weight_decay'] == 0.05 and ck['config']['gate_lr_mult'] == 0.5  # what ran, recorded
+    # the research model (lab/train.py): a change that regroups the parameters cannot be applied: refused in
+    # one line (rec_lr_mult=10: the recurrence's own parameters leave the groups they shared at 1.0)
+    in_process('lab/train.py', train_args(world, tmp_path / 'lab'), world, check=True)
+    code, out, err = resume(world, tmp_path / 'lab', '--rec_lr_mult=10', script='lab/train.py')
     one_line(code, err, 'group the parameters differently', 'rec_lr_mult')
 
 
 def test_resume_with_another_architecture_is_refused(world, tmp_path):
     lstm = ['--arch=lstm', '--recurrence=none', '--train_mode=plain']
-    in_process('train.py', train_args(world, tmp_path / 'lstm', *lstm), world, check=True)
+    in_process('lab/train.py', train_args(world, tmp_path / 'lstm', *lstm), world, check=True)
     before = snapshot(tmp_path / 'lstm')
     code, out, err = resume(world, tmp_path / 'lstm')  # the default config: T2MLR
     one_line(code, err, 'holds an LSTM', "recurrence='t2mlr'")

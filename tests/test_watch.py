@@ -139,10 +139,10 @@ def parity(tmp_path_factory):
     return root
 
 
-def train(args, data, out):
-    cmd = [sys.executable, os.path.join(ROOT, 'train.py'), '--device=cpu', '--n_layer=2', '--n_embd=16', '--n_head=2', '--n_kv_head=1',
-           '--batch_size=4', '--eval_iters=1', '--eval_exact_iters=2', '--eval_examples=8', '--log_interval=1',
-           f'--data_root={data}', '--dataset=s5_Z2', f'--out_dir={out}', *args]
+def train(args, data, out, script='train.py'):
+    cmd = [sys.executable, os.path.join(ROOT, script), '--device=cpu', '--n_layer=2', '--n_embd=16', '--n_head=2', '--n_kv_head=1',
+           '--batch_size=4', '--eval_iters=1', '--eval_examples=8', '--log_interval=1',
+           f'--dataset={data}/s5_Z2', f'--out_dir={out}', *args]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     return p.stdout, [json.loads(l) for l in open(out / 'log.jsonl')]
@@ -153,7 +153,7 @@ def test_train_reports_reliance_and_gates(parity, tmp_path, recurrence):
     extra = ['--train_mode=jacobi', '--n_iter=2', '--n_grad=1'] if recurrence == 't2mlr' else \
         ['--train_mode=interleaved', '--lrt_identity_init=True', '--rec_start=0', '--rec_end=1']
     out, log = train([f'--recurrence={recurrence}', '--max_iters=2', '--eval_interval=2', *extra],
-                     parity, tmp_path)
+                     parity, tmp_path, 'train.py' if recurrence == 't2mlr' else 'lab/train.py')  # (lrt_identity_init: the lab's)
     evals = [r for r in log if r['type'] == 'eval']
     assert [r['iter'] for r in evals] == [0, 2] and [r['iter'] for r in log if r['type'] == 'gates'] == [1, 2]
     first = evals[0]  # at identity init (T2MLR always, LRT with lrt_identity_init): no reliance at all
@@ -305,7 +305,7 @@ def test_train_logs_the_step_statistics(parity, tmp_path):
     the gradient norm before clipping and the fraction of steps clipped; the gates (with the
     clamp occupancy) come every log interval by default; they agree with the per-step losses."""
     out, log = train(['--recurrence=t2mlr', '--train_mode=jacobi', '--n_iter=2', '--n_grad=1', '--max_iters=6',
-                      '--eval_interval=6', '--log_interval=3', '--grad_clip=1e-3', '--eval_first=False'], parity, tmp_path)
+                      '--eval_interval=6', '--log_interval=3', '--grad_clip=1e-3'], parity, tmp_path)
     trains = [r for r in log if r['type'] == 'train']
     assert [r['iter'] for r in trains] == [3, 6] and [r['iter'] for r in log if r['type'] == 'gates'] == [3, 6]
     for r in trains:
