@@ -19,6 +19,7 @@ import torch
 
 from model import GPT, KVCache
 from support.checks import check_decode_step
+from support.diagnostics import masked
 
 
 class StaticKVCache(KVCache):
@@ -100,7 +101,7 @@ class Engine:
         if m.config.recurrence == 'none' or mode not in ('exact', 'zero'):  # (an LSTM's config says 'none' too)
             raise ValueError(f"Engine.forward runs the exact and zero modes of a recurrent model, not {mode!r}")
         if mode == 'zero':
-            return m(idx, targets, 'zero', **({} if rec_mask is None else dict(rec_mask=rec_mask)))
+            return m(idx, targets, 'zero', **masked(rec_mask))
         return self.exact(idx, targets, None, rec_mask)[:2]
 
     __call__ = forward

@@ -18,13 +18,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-# -----------------------------------------------------------------------------
-# memory
 
 
 def masked(rec_mask):
     """The forward's rec_mask keyword where there is a prompt mask (only lab/model_full.py takes one)."""
     return {} if rec_mask is None else dict(rec_mask=rec_mask)
+
+# -----------------------------------------------------------------------------
+# memory
 
 def activation_bytes(fn, exclude=()):
     """Bytes of the tensors autograd holds for backward when fn() returns (its result kept alive
